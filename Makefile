@@ -1,0 +1,34 @@
+# Set-up and everyday commands. `make demo` and `make test` work on a fresh machine.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN     = $(VENV)/bin
+STAMP   = $(VENV)/.installed-stamp
+DEMO_HOME ?= $(CURDIR)/.compactor-demo
+
+.PHONY: venv demo test lint format clean
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "compactor needs Python 3.11+ (set PYTHON=...)")'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev,s3,bench]'
+	touch $(STAMP)
+
+venv: $(STAMP)  ## create .venv and install compactor with every extra
+
+demo: venv  ## build a fragmented sample table in .compactor-demo/, compact it, show before/after
+	COMPACTOR_HOME=$(DEMO_HOME) $(BIN)/compactor demo
+
+test: venv  ## run the whole test suite (starts the servers it needs by itself)
+	$(BIN)/python -m pytest -q
+
+lint: venv
+	$(BIN)/ruff check compactor tests
+	$(BIN)/ruff format --check compactor tests
+
+format: venv
+	$(BIN)/ruff check --fix compactor tests
+	$(BIN)/ruff format compactor tests
+
+clean:
+	rm -rf $(VENV) $(DEMO_HOME) .pytest_cache .ruff_cache *.egg-info

@@ -1,0 +1,96 @@
+"""Load catalogs the way pyiceberg users configure them, with an embedded SQLite default.
+
+``--catalog NAME`` selects a catalog from ``~/.pyiceberg.yaml`` (or ``$PYICEBERG_HOME``) or from
+``PYICEBERG_CATALOG__<NAME>__*`` environment variables. Without it, pyiceberg's default catalog
+is used when one is configured; otherwise the embedded catalog: SQLite at
+``$COMPACTOR_HOME/catalog.db`` with its warehouse in ``$COMPACTOR_HOME/warehouse``
+(``COMPACTOR_HOME`` defaults to ``~/.local/share/compactor``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pyiceberg.catalog import Catalog, load_catalog
+from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+from pyiceberg.table import Table
+from pyiceberg.utils.config import Config
+
+from compactor.errors import ConfigError, TableNotFoundError, UsageError
+
+EMBEDDED_CATALOG = "default"
+
+
+def compactor_home() -> Path:
+    """Directory of the embedded catalog and warehouse."""
+    configured = os.environ.get("COMPACTOR_HOME")
+    if configured:
+        return Path(configured).expanduser().resolve()
+    data_home = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(data_home) / "compactor"
+
+
+def embedded_catalog() -> SqlCatalog:
+    """The embedded SQLite catalog under :func:`compactor_home` (created on first use)."""
+    home = compactor_home()
+    (home / "warehouse").mkdir(parents=True, exist_ok=True)
+    return SqlCatalog(
+        EMBEDDED_CATALOG,
+        uri=f"sqlite:///{home / 'catalog.db'}",
+        warehouse=(home / "warehouse").as_uri(),
+    )
+
+
+def open_catalog(name: str | None) -> Catalog:
+    """Open the catalog named ``name``, pyiceberg's configured default, or the embedded one."""
+    config = Config()
+    if name is None:
+        default = config.get_default_catalog_name()
+        if config.get_catalog_config(default) is None:
+            return embedded_catalog()
+        name = default
+    elif config.get_catalog_config(name) is None:
+        raise ConfigError(
+            f"catalog {name!r} is not configured: define it in ~/.pyiceberg.yaml or with "
+            f"PYICEBERG_CATALOG__{name.upper()}__URI (and __TYPE, __WAREHOUSE)"
+        )
+    try:
+        return load_catalog(name)
+    except Exception as exc:
+        raise ConfigError(
+            f"catalog {name!r}: {str(exc).splitlines()[0] if str(exc) else exc!r}"
+        ) from exc
+
+
+def parse_identifier(identifier: str) -> tuple[str, ...]:
+    """Split ``db.table`` (or ``a.b.table``) into a pyiceberg identifier."""
+    parts = tuple(identifier.split("."))
+    if len(parts) < 2 or not all(parts):
+        raise UsageError(f"--table {identifier!r}: expected NAMESPACE.TABLE, e.g. db.events")
+    return parts
+
+
+def open_table(catalog: Catalog, identifier: str) -> Table:
+    """Load a table, turning 'not found' into one clear line naming what is missing."""
+    parts = parse_identifier(identifier)
+    try:
+        return catalog.load_table(parts)
+    except NoSuchTableError:
+        namespace = ".".join(parts[:-1])
+        try:
+            namespace_exists = catalog.namespace_exists(namespace)
+        except Exception:
+            namespace_exists = True
+        if not namespace_exists:
+            raise TableNotFoundError(
+                f"table {identifier}: namespace {namespace!r} does not exist in catalog {catalog.name!r}"
+            ) from None
+        raise TableNotFoundError(
+            f"table {identifier}: no such table in catalog {catalog.name!r}"
+        ) from None
+    except NoSuchNamespaceError:
+        raise TableNotFoundError(
+            f"table {identifier}: namespace {'.'.join(parts[:-1])!r} does not exist in catalog {catalog.name!r}"
+        ) from None

@@ -1,0 +1,319 @@
+"""The ``compactor`` command line."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+from rich.table import Table as RichTable
+
+from compactor import __version__
+from compactor.catalogs import open_catalog, open_table
+from compactor.compaction import RunResult, compact
+from compactor.errors import EXIT_RUNTIME, CompactorError
+from compactor.health import TableHealth, table_health
+from compactor.planner import Plan
+from compactor.settings import (
+    DEFAULT_DELETE_FILE_THRESHOLD,
+    DEFAULT_MIN_INPUT_FILES,
+    resolve_options,
+)
+from compactor.sizes import format_size
+
+app = typer.Typer(
+    help="Keep Apache Iceberg tables fast: compact small files into large ones.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+out = Console()
+err = Console(stderr=True)
+_state = {"verbose": False}
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+CatalogOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--catalog",
+        "-c",
+        help="Catalog name from ~/.pyiceberg.yaml or PYICEBERG_CATALOG__<NAME>__* variables. "
+        "Default: pyiceberg's default catalog if configured, else the embedded SQLite catalog "
+        "in $COMPACTOR_HOME (~/.local/share/compactor).",
+    ),
+]
+TableOpt = Annotated[
+    str, typer.Option("--table", "-t", help="Table to work on, as NAMESPACE.TABLE.")
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document instead of tables.")]
+
+
+def _fail(exc: BaseException) -> None:
+    if _state["verbose"]:
+        raise exc
+    if isinstance(exc, CompactorError):
+        err.print(f"error: {exc}", markup=False, highlight=False)
+        raise typer.Exit(exc.exit_code)
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    err.print(
+        f"error: {type(exc).__name__}: {first} (run with --verbose for details)", markup=False
+    )
+    raise typer.Exit(EXIT_RUNTIME)
+
+
+def _guarded(fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except (typer.Exit, typer.Abort):
+        raise
+    except KeyboardInterrupt:
+        err.print("interrupted: nothing was committed by the unfinished run")
+        raise typer.Exit(130) from None
+    except Exception as exc:
+        _fail(exc)
+
+
+@app.callback()
+def _main(
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Show debug logs and full tracebacks.")
+    ] = False,
+    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
+) -> None:
+    if version:
+        out.print(f"compactor {__version__}")
+        raise typer.Exit(0)
+    _state["verbose"] = verbose
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+
+
+class _Bar:
+    """Progress bar over input bytes, on a terminal only."""
+
+    def __init__(self) -> None:
+        self._progress = Progress(
+            "[progress.description]{task.description}",
+            BarColumn(),
+            DownloadColumn(binary_units=True),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+            console=err,
+            transient=True,
+        )
+        self._task: Any = None
+
+    def start(self, plan: Plan) -> None:
+        self._progress.start()
+        self._task = self._progress.add_task(
+            f"rewriting {len(plan.groups)} groups", total=plan.input_bytes
+        )
+
+    def advance(self, input_bytes: int) -> None:
+        self._progress.advance(self._task, input_bytes)
+
+    def stop(self) -> None:
+        self._progress.stop()
+
+
+def _print_plan(plan: Plan) -> None:
+    table = RichTable(title=f"plan for {plan.table} (snapshot {plan.snapshot_id})")
+    for column in (
+        "group",
+        "partition",
+        "input files",
+        "input bytes",
+        "deletes",
+        "expected outputs",
+    ):
+        table.add_column(column, justify="left" if column == "partition" else "right")
+    for g in plan.groups:
+        s = g.summary()
+        table.add_row(
+            str(s["group_id"]),
+            s["partition"],
+            str(s["input_files"]),
+            format_size(s["input_bytes"]),
+            str(s["delete_files"]),
+            str(s["expected_output_files"]),
+        )
+    out.print(table)
+    skipped = ", ".join(f"{k}={v}" for k, v in sorted(plan.skipped.items())) or "none"
+    out.print(
+        f"{plan.input_files} files ({format_size(plan.input_bytes)}) in {len(plan.groups)} groups "
+        f"from {plan.data_files_scanned} data files scanned; target {format_size(plan.options.target_file_size)}; "
+        f"skipped: {skipped}"
+    )
+
+
+def _print_result(result: RunResult) -> None:
+    data = result.to_dict()
+    if data["snapshot_id"] is None:
+        out.print(f"{result.table}: nothing to compact (no snapshot committed)")
+        return
+    avg = data["added_bytes"] / data["added_files"] if data["added_files"] else 0
+    out.print(
+        f"{result.table}: committed replace snapshot {data['snapshot_id']}: "
+        f"{data['rewritten_files']} files ({format_size(data['rewritten_bytes'])}) -> "
+        f"{data['added_files']} files ({format_size(data['added_bytes'])}, avg {format_size(avg)}) "
+        f"in {data['duration_s']:.1f}s"
+    )
+    for failed in data["failed_groups"]:
+        out.print(f"  group {failed['group_id']} not committed: {failed['reason']}")
+
+
+@app.command()
+def run(
+    table: TableOpt,
+    catalog: CatalogOpt = None,
+    target_file_size: Annotated[
+        str | None,
+        typer.Option(
+            help="Output file size: 128MB, 512MiB or bytes, 64MB..512MiB. "
+            "Default: the table's write.target-file-size-bytes, else 512MiB."
+        ),
+    ] = None,
+    allow_small_target: Annotated[
+        bool, typer.Option(help="Allow --target-file-size below 64MB (for tests and experiments).")
+    ] = False,
+    min_input_files: Annotated[
+        int,
+        typer.Option(
+            help="Rewrite a group only with at least this many files (or a target's worth of bytes)."
+        ),
+    ] = DEFAULT_MIN_INPUT_FILES,
+    delete_file_threshold: Annotated[
+        int,
+        typer.Option(help="Rewrite any data file with at least this many position delete files."),
+    ] = DEFAULT_DELETE_FILE_THRESHOLD,
+    max_group_size: Annotated[
+        str | None, typer.Option(help="Largest amount of input in one group (default 100GiB).")
+    ] = None,
+    where: Annotated[
+        str | None,
+        typer.Option(
+            help="Only touch files that may hold rows matching this filter, e.g. \"day >= '2026-01-01'\"."
+        ),
+    ] = None,
+    parallelism: Annotated[
+        int | None, typer.Option(help="Groups rewritten at once (default: one per core).")
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the plan; write and commit nothing.")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Compact small files of one table into target-size files, as one `replace` snapshot.
+
+    Example: compactor run --table db.events --target-file-size 256MB --where "region = 'eu'"
+    """
+
+    def go() -> None:
+        tbl = open_table(open_catalog(catalog), table)
+        options = resolve_options(
+            table,
+            tbl.metadata.properties,
+            target_file_size=target_file_size,
+            allow_small_target=allow_small_target,
+            min_input_files=min_input_files,
+            delete_file_threshold=delete_file_threshold,
+            max_group_size=max_group_size,
+            parallelism=parallelism,
+            where=where,
+        )
+        bar = _Bar() if (not as_json and sys.stderr.isatty()) else None
+        try:
+            result = compact(tbl, table, options, dry_run=dry_run, progress=bar)
+        finally:
+            if bar:
+                bar.stop()
+        if as_json:
+            print(json.dumps(result.to_dict(), indent=2))
+        elif dry_run:
+            _print_plan(result.plan)
+        else:
+            _print_result(result)
+
+    _guarded(go)
+
+
+def _print_health(health: TableHealth) -> None:
+    data = health.to_dict()
+    table = RichTable(
+        title=f"{health.table} (snapshot {health.snapshot_id}, {health.snapshots} snapshots)"
+    )
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    table.add_row("data files", str(health.data_files))
+    table.add_row("data bytes", format_size(health.data_bytes))
+    table.add_row("records", str(health.records))
+    table.add_row("average file size", format_size(health.average_file_size))
+    table.add_row(
+        f"small files (< 75% of {format_size(health.target_file_size)})", str(health.small_files)
+    )
+    table.add_row("position delete files", str(health.position_delete_files))
+    table.add_row("equality delete files", str(health.equality_delete_files))
+    table.add_row("partitions", str(len(health.partitions)))
+    out.print(table)
+    if data["worst_partitions"]:
+        parts = RichTable(title="partitions with the most small files")
+        for column in ("partition", "files", "small", "bytes"):
+            parts.add_column(column, justify="left" if column == "partition" else "right")
+        for p in data["worst_partitions"]:
+            parts.add_row(
+                p["partition"],
+                str(p["data_files"]),
+                str(p["small_files"]),
+                format_size(p["data_bytes"]),
+            )
+        out.print(parts)
+
+
+@app.command()
+def inspect(
+    table: TableOpt,
+    catalog: CatalogOpt = None,
+    target_file_size: Annotated[
+        str | None,
+        typer.Option(help="Size below 75% of which a file counts as small (default as for `run`)."),
+    ] = None,
+    allow_small_target: Annotated[bool, typer.Option(help="Allow a target below 64MB.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Show a table's files: count, bytes, average size, small files, delete files, worst partitions."""
+
+    def go() -> None:
+        tbl = open_table(open_catalog(catalog), table)
+        options = resolve_options(
+            table,
+            tbl.metadata.properties,
+            target_file_size=target_file_size,
+            allow_small_target=allow_small_target,
+        )
+        health = table_health(tbl, table, options.target_file_size)
+        if as_json:
+            print(json.dumps(health.to_dict(), indent=2))
+        else:
+            _print_health(health)
+
+    _guarded(go)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()

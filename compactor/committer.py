@@ -1,0 +1,438 @@
+"""Commit rewritten groups as one Iceberg ``replace`` snapshot, validated like Java's RewriteFiles.
+
+Rules (Iceberg spec and the Java reference):
+- the new snapshot's operation is ``replace``; its parent is the branch head at commit time;
+- every input file must still be live at the head; a group whose input was removed or replaced
+  since the start snapshot, or which gained a position or equality delete, is dropped;
+- appends by others never conflict;
+- new files carry the start snapshot's data sequence number, so deletes committed after the
+  start still apply to the rewritten rows;
+- catalog conflicts are retried after a refresh with exponential backoff, bounded in count
+  and time, re-validating each time.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownException
+from pyiceberg.manifest import (
+    DataFile,
+    DataFileContent,
+    ManifestContent,
+    ManifestEntry,
+    ManifestEntryStatus,
+    ManifestFile,
+    write_manifest,
+    write_manifest_list,
+)
+from pyiceberg.table import Table, TableProperties
+from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
+from pyiceberg.table.snapshots import (
+    Operation,
+    Snapshot,
+    SnapshotSummaryCollector,
+    Summary,
+    update_snapshot_summaries,
+)
+from pyiceberg.table.update import (
+    AddSnapshotUpdate,
+    AssertRefSnapshotId,
+    AssertTableUUID,
+    SetSnapshotRefUpdate,
+)
+from pyiceberg.utils.properties import property_as_int
+
+from compactor.errors import CommitConflictError
+from compactor.planner import FileGroup, Plan
+from compactor.pyiceberg_compat import DeleteFileIndex
+from compactor.rewriter import GroupResult, delete_files
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class CommitOutcome:
+    """Which groups a commit included, which it refused and why, and the snapshot it made."""
+
+    snapshot_id: int | None = None
+    committed: list[GroupResult] = field(default_factory=list)
+    conflicts: dict[int, str] = field(default_factory=dict)
+    removed_delete_files: list[DataFile] = field(default_factory=list)
+    attempts: int = 0
+
+
+@dataclass
+class RetryPolicy:
+    """Commit retries, from the table's ``commit.retry.*`` properties (Iceberg defaults)."""
+
+    num_retries: int = TableProperties.COMMIT_NUM_RETRIES_DEFAULT
+    min_wait_ms: int = 100
+    max_wait_ms: int = 60_000
+    total_timeout_ms: int = 1_800_000
+
+    @classmethod
+    def for_table(cls, table: Table) -> RetryPolicy:
+        props = table.metadata.properties
+
+        def get(name: str, default: int) -> int:
+            return max(0, property_as_int(props, name, default) or 0)
+
+        return cls(
+            num_retries=get(TableProperties.COMMIT_NUM_RETRIES, cls.num_retries),
+            min_wait_ms=get(TableProperties.COMMIT_MIN_RETRY_WAIT_MS, cls.min_wait_ms),
+            max_wait_ms=get(TableProperties.COMMIT_MAX_RETRY_WAIT_MS, cls.max_wait_ms),
+            total_timeout_ms=get(TableProperties.COMMIT_TOTAL_RETRY_TIME_MS, cls.total_timeout_ms),
+        )
+
+    def wait_s(self, attempt: int) -> float:
+        wait = min(self.max_wait_ms, self.min_wait_ms * 2**attempt)
+        return wait * (0.5 + random.random() / 2) / 1000
+
+
+def _new_snapshots(table: Table, start_id: int | None, head: Snapshot | None) -> list[Snapshot]:
+    """Snapshots on the main branch committed after ``start_id``, newest first."""
+    found: list[Snapshot] = []
+    snapshot = head
+    while snapshot is not None and snapshot.snapshot_id != start_id:
+        found.append(snapshot)
+        parent = snapshot.parent_snapshot_id
+        snapshot = table.metadata.snapshot_by_id(parent) if parent is not None else None
+    if start_id is not None and snapshot is None:
+        raise CommitConflictError(
+            f"the start snapshot {start_id} is no longer an ancestor of the main branch (rolled back?)"
+        )
+    return found
+
+
+def _entries_added_by(table: Table, snapshot: Snapshot) -> Iterable[ManifestEntry]:
+    for manifest in snapshot.manifests(table.io):
+        if manifest.added_snapshot_id != snapshot.snapshot_id:
+            continue
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=False):
+            if entry.snapshot_id == snapshot.snapshot_id:
+                yield entry
+
+
+def find_conflicts(
+    table: Table, plan: Plan, groups: list[FileGroup], head: Snapshot | None
+) -> dict[int, str]:
+    """Group id -> why committing it now would be unsafe, from every snapshot since the plan's."""
+    conflicts: dict[int, str] = {}
+    if head is None or head.snapshot_id == plan.snapshot_id:
+        return conflicts
+    group_of = {f.path: g.group_id for g in groups for f in g.files}
+    by_partition: dict[tuple[int, object], list[FileGroup]] = defaultdict(list)
+    for g in groups:
+        by_partition[(g.spec_id, g.partition)].append(g)
+    specs = table.metadata.specs()
+    for snapshot in _new_snapshots(table, plan.snapshot_id, head):
+        operation = snapshot.summary.operation if snapshot.summary else None
+        if operation == Operation.APPEND:
+            continue
+        new_position_deletes = DeleteFileIndex()
+        has_position_deletes = False
+        for entry in _entries_added_by(table, snapshot):
+            data_file = entry.data_file
+            if entry.status == ManifestEntryStatus.DELETED and data_file.file_path in group_of:
+                conflicts.setdefault(
+                    group_of[data_file.file_path],
+                    f"input {data_file.file_path} was removed by snapshot {snapshot.snapshot_id}",
+                )
+            if entry.status != ManifestEntryStatus.ADDED:
+                continue
+            if data_file.content == DataFileContent.POSITION_DELETES:
+                new_position_deletes.add_delete_file(entry, partition_key=data_file.partition)
+                has_position_deletes = True
+            elif data_file.content == DataFileContent.EQUALITY_DELETES:
+                is_global = specs[data_file.spec_id].is_unpartitioned()
+                for key, members in by_partition.items():
+                    if is_global or key == (data_file.spec_id, data_file.partition):
+                        for g in members:
+                            conflicts.setdefault(
+                                g.group_id,
+                                f"equality delete {data_file.file_path} added by snapshot {snapshot.snapshot_id}",
+                            )
+        if has_position_deletes:
+            for g in groups:
+                for f in g.files:
+                    hits = new_position_deletes.for_data_file(
+                        f.data_sequence_number, f.data_file, partition_key=f.data_file.partition
+                    )
+                    if hits:
+                        path = sorted(d.file_path for d in hits)[0]
+                        conflicts.setdefault(
+                            g.group_id,
+                            f"position delete {path} for input {f.path} added by snapshot {snapshot.snapshot_id}",
+                        )
+    return conflicts
+
+
+class _Attempt:
+    """One try at writing the new snapshot's manifests and manifest list."""
+
+    def __init__(self, table: Table, snapshot_id: int) -> None:
+        self.table = table
+        self.snapshot_id = snapshot_id
+        self.commit_uuid = uuid.uuid4()
+        self.written: list[str] = []
+        self._locations = table.location_provider()
+        self._compression = table.metadata.properties.get(
+            TableProperties.WRITE_AVRO_COMPRESSION, TableProperties.WRITE_AVRO_COMPRESSION_DEFAULT
+        )
+
+    def _output(self, name: str):
+        path = self._locations.new_metadata_location(name)
+        self.written.append(path)
+        return self.table.io.new_output(path)
+
+    def manifest_writer(self, spec_id: int):
+        metadata = self.table.metadata
+        name = f"{self.commit_uuid}-m{len(self.written)}.avro"
+        return write_manifest(
+            format_version=metadata.format_version,
+            spec=metadata.specs()[spec_id],
+            schema=metadata.schema(),
+            output_file=self._output(name),
+            snapshot_id=self.snapshot_id,
+            avro_compression=self._compression,
+        )
+
+    def manifest_list(
+        self, parent_id: int | None, sequence_number: int, manifests: list[ManifestFile]
+    ) -> str:
+        name = f"snap-{self.snapshot_id}-1-{self.commit_uuid}.avro"
+        output = self._output(name)
+        with write_manifest_list(
+            format_version=self.table.metadata.format_version,
+            output_file=output,
+            snapshot_id=self.snapshot_id,
+            parent_snapshot_id=parent_id,
+            sequence_number=sequence_number,
+            avro_compression=self._compression,
+        ) as writer:
+            writer.add_manifests(manifests)
+        return output.location
+
+    def discard(self) -> None:
+        delete_files(self.table.io, self.written)
+
+
+def _rewrite_manifests(
+    attempt: _Attempt,
+    head: Snapshot,
+    remove: dict[str, int],
+    known_manifests: dict[str, set[str]],
+) -> tuple[list[ManifestFile], dict[str, ManifestEntry]]:
+    """Carry the head's manifests over, rewriting those that hold files to remove.
+
+    Returns the manifests and, per removed path, the live entry found for it (so the caller can
+    tell which inputs are no longer live).
+    """
+    io = attempt.table.io
+    manifests: list[ManifestFile] = []
+    found: dict[str, ManifestEntry] = {}
+    for manifest in head.manifests(io):
+        if manifest.manifest_path in known_manifests and not (
+            known_manifests[manifest.manifest_path] & remove.keys()
+        ):
+            manifests.append(manifest)
+            continue
+        entries = manifest.fetch_manifest_entry(io, discard_deleted=True)
+        hits = [e for e in entries if e.data_file.file_path in remove]
+        if not hits:
+            manifests.append(manifest)
+            continue
+        with attempt.manifest_writer(manifest.partition_spec_id) as writer:
+            for entry in entries:
+                path = entry.data_file.file_path
+                status = (
+                    ManifestEntryStatus.DELETED if path in remove else ManifestEntryStatus.EXISTING
+                )
+                if status == ManifestEntryStatus.DELETED:
+                    found[path] = entry
+                writer.add_entry(
+                    ManifestEntry.from_args(
+                        status=status,
+                        snapshot_id=attempt.snapshot_id
+                        if status == ManifestEntryStatus.DELETED
+                        else entry.snapshot_id,
+                        sequence_number=entry.sequence_number,
+                        file_sequence_number=entry.file_sequence_number,
+                        data_file=entry.data_file,
+                    )
+                )
+        manifests.append(writer.to_manifest_file())
+    return manifests, found
+
+
+def _summary(
+    table: Table,
+    head: Snapshot,
+    added: list[DataFile],
+    removed: list[DataFile],
+    props: dict[str, str],
+) -> Summary:
+    metadata = table.metadata
+    schema, specs = metadata.schema(), metadata.specs()
+    limit = (
+        property_as_int(metadata.properties, TableProperties.WRITE_PARTITION_SUMMARY_LIMIT, 0) or 0
+    )
+    collector = SnapshotSummaryCollector(partition_summary_limit=limit)
+    for data_file in added:
+        collector.add_file(data_file, schema=schema, partition_spec=specs[data_file.spec_id])
+    for data_file in removed:
+        collector.remove_file(data_file, schema=schema, partition_spec=specs[data_file.spec_id])
+    # pyiceberg totals only "overwrite"-like operations; compute them so, then relabel.
+    totals = update_snapshot_summaries(
+        Summary(operation=Operation.OVERWRITE, **collector.build(), **props),
+        previous_summary=head.summary.additional_properties if head.summary else None,
+    )
+    return Summary(operation=Operation.REPLACE, **totals.additional_properties)
+
+
+def commit_replace(
+    table: Table,
+    plan: Plan,
+    results: list[GroupResult],
+    snapshot_properties: dict[str, str],
+    retry: RetryPolicy | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> CommitOutcome:
+    """Commit ``results`` as one ``replace`` snapshot on main; refused groups are reported, not raised.
+
+    The caller owns the output files of refused groups (``outcome.conflicts``) and deletes them.
+    """
+    retry = retry or RetryPolicy.for_table(table)
+    outcome = CommitOutcome()
+    pending = {r.group.group_id: r for r in results}
+    known_manifests: dict[str, set[str]] = defaultdict(set)
+    for r in results:
+        for f in r.group.files:
+            known_manifests[f.manifest_path].add(f.path)
+    snapshot_id = table.metadata.new_snapshot_id()
+    started = time.monotonic()
+    while True:
+        outcome.attempts += 1
+        head = table.metadata.snapshot_by_name(MAIN_BRANCH)
+        for group_id, reason in find_conflicts(
+            table, plan, [r.group for r in pending.values()], head
+        ).items():
+            outcome.conflicts[group_id] = reason
+            pending.pop(group_id)
+        if not pending or head is None:
+            return outcome
+
+        attempt = _Attempt(table, snapshot_id)
+        try:
+            snapshot = _write_snapshot(
+                attempt, plan, head, pending, known_manifests, outcome, snapshot_properties
+            )
+            if snapshot is None:
+                continue  # inputs vanished without a conflicting snapshot in history; re-validate
+            requirements = (
+                AssertTableUUID(uuid=table.metadata.table_uuid),
+                AssertRefSnapshotId(ref=MAIN_BRANCH, snapshot_id=head.snapshot_id),
+            )
+            updates = (
+                AddSnapshotUpdate(snapshot=snapshot),
+                SetSnapshotRefUpdate(
+                    ref_name=MAIN_BRANCH,
+                    type=SnapshotRefType.BRANCH,
+                    snapshot_id=snapshot.snapshot_id,
+                    parent_snapshot_id=head.snapshot_id,
+                ),
+            )
+            table.catalog.commit_table(table, requirements, updates)
+        except CommitFailedException as exc:
+            attempt.discard()
+            elapsed_ms = (time.monotonic() - started) * 1000
+            if outcome.attempts > retry.num_retries or elapsed_ms > retry.total_timeout_ms:
+                raise CommitConflictError(
+                    f"table {plan.table}: commit still conflicting after {outcome.attempts} attempts: {exc}"
+                ) from exc
+            log.info("commit conflict on %s, retrying (%d): %s", plan.table, outcome.attempts, exc)
+            sleep(retry.wait_s(outcome.attempts - 1))
+            table.refresh()
+            continue
+        except CommitStateUnknownException:
+            # The catalog may have applied it: never delete what the table might now reference.
+            table.refresh()
+            if table.metadata.snapshot_by_id(snapshot_id) is None:
+                raise
+        except BaseException:
+            attempt.discard()
+            raise
+        table.refresh()
+        outcome.snapshot_id = snapshot_id
+        outcome.committed = list(pending.values())
+        return outcome
+
+
+def _write_snapshot(
+    attempt: _Attempt,
+    plan: Plan,
+    head: Snapshot,
+    pending: dict[int, GroupResult],
+    known_manifests: dict[str, set[str]],
+    outcome: CommitOutcome,
+    snapshot_properties: dict[str, str],
+) -> Snapshot | None:
+    table = attempt.table
+    rewritten = {f.path: gid for gid, r in pending.items() for f in r.group.files}
+    dangling = {
+        path: delete_file
+        for path, (delete_file, targets) in plan.delete_file_targets.items()
+        if targets <= rewritten.keys()
+    }
+    remove = dict(rewritten)
+    remove.update({path: -1 for path in dangling})
+    manifests, found = _rewrite_manifests(attempt, head, remove, known_manifests)
+    missing = {gid for path, gid in rewritten.items() if path not in found}
+    if missing:
+        for gid in missing:
+            outcome.conflicts[gid] = "an input file is no longer live in the table"
+            pending.pop(gid)
+        attempt.discard()
+        return None
+
+    added = [df for r in pending.values() for df in r.data_files]
+    outcome.removed_delete_files = [found[p].data_file for p in dangling if p in found]
+    removed = [found[p].data_file for p in rewritten] + outcome.removed_delete_files
+    metadata = table.metadata
+    data_sequence_number = plan.sequence_number if metadata.format_version > 1 else None
+    by_spec: dict[int, list[DataFile]] = defaultdict(list)
+    for data_file in added:
+        by_spec[data_file.spec_id].append(data_file)
+    added_manifests = []
+    for spec_id, files in sorted(by_spec.items()):
+        with attempt.manifest_writer(spec_id) as writer:
+            for data_file in files:
+                writer.add_entry(
+                    ManifestEntry.from_args(
+                        status=ManifestEntryStatus.ADDED,
+                        snapshot_id=attempt.snapshot_id,
+                        sequence_number=data_sequence_number,
+                        file_sequence_number=None,
+                        data_file=data_file,
+                    )
+                )
+        added_manifests.append(writer.to_manifest_file())
+    all_manifests = added_manifests + [m for m in manifests if m.content == ManifestContent.DATA]
+    all_manifests += [m for m in manifests if m.content == ManifestContent.DELETES]
+    sequence_number = metadata.next_sequence_number()
+    manifest_list = attempt.manifest_list(head.snapshot_id, sequence_number, all_manifests)
+    return Snapshot(
+        snapshot_id=attempt.snapshot_id,
+        parent_snapshot_id=head.snapshot_id,
+        sequence_number=sequence_number,
+        manifest_list=manifest_list,
+        summary=_summary(table, head, added, removed, snapshot_properties),
+        schema_id=metadata.current_schema_id,
+    )

@@ -1,0 +1,181 @@
+"""The only module that touches private pyiceberg APIs (pinned to pyiceberg 0.12.x).
+
+pyiceberg has no public API to read one data file through the Iceberg read path with its
+position deletes, to write Parquet with Iceberg column statistics from a stream, or to match
+delete files to data files. Everything compactor needs of that lives here, so that a pyiceberg
+upgrade touches this file alone.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyiceberg.expressions import AlwaysTrue, BooleanExpression
+from pyiceberg.expressions.visitors import (
+    _InclusiveMetricsEvaluator,
+    bind,
+    expression_evaluator,
+    inclusive_projection,
+    manifest_evaluator,
+)
+from pyiceberg.io import FileIO
+from pyiceberg.io.fileformat import FileFormatFactory
+from pyiceberg.io.pyarrow import (
+    _get_parquet_writer_kwargs,
+    _read_deletes,
+    _task_to_record_batches,
+    _to_requested_schema,
+    compute_statistics_plan,
+    data_file_statistics_from_parquet_metadata,
+    parquet_path_to_id_mapping,
+    schema_to_pyarrow,
+)
+from pyiceberg.manifest import DataFile, FileFormat, ManifestFile
+from pyiceberg.partitioning import PartitionSpec
+from pyiceberg.schema import Schema, sanitize_column_names
+from pyiceberg.table import FileScanTask
+from pyiceberg.table.delete_file_index import DeleteFileIndex
+from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.typedef import Record
+from pyiceberg.types import ListType, MapType
+
+__all__ = [
+    "DeleteFileIndex",
+    "FilePruner",
+    "PartitionPath",
+    "file_statistics",
+    "parquet_writer_kwargs",
+    "read_data_file",
+    "read_position_deletes",
+    "to_write_batch",
+    "write_schema",
+]
+
+
+def read_data_file(
+    io: FileIO,
+    metadata: TableMetadata,
+    data_file: DataFile,
+    positional_deletes: list[pa.ChunkedArray] | None,
+) -> Iterator[pa.RecordBatch]:
+    """Stream one data file's live rows in the current schema.
+
+    Columns are matched by field id (or by the table's name mapping for files without ids),
+    missing columns are filled per the spec's projection rules, and deleted positions dropped.
+    """
+    schema = metadata.schema()
+    return _task_to_record_batches(
+        io,
+        FileScanTask(data_file),
+        bind(schema, AlwaysTrue(), case_sensitive=True),
+        schema,
+        schema,
+        {
+            field_id
+            for field_id in schema.field_ids
+            if not isinstance(schema.find_type(field_id), MapType | ListType)
+        },
+        positional_deletes or None,
+        True,
+        metadata.name_mapping(),
+        metadata.specs().get(data_file.spec_id),
+        metadata.format_version,
+        None,
+    )
+
+
+def read_position_deletes(io: FileIO, delete_file: DataFile) -> dict[str, pa.ChunkedArray]:
+    """Read a position delete file into {data file path: deleted positions}."""
+    return _read_deletes(io, delete_file)
+
+
+def write_schema(metadata: TableMetadata) -> tuple[Schema, pa.Schema]:
+    """The Iceberg schema written to Parquet (names sanitised) and its Arrow form with field ids."""
+    schema = sanitize_column_names(metadata.schema())
+    return schema, schema_to_pyarrow(schema, include_field_ids=True)
+
+
+def to_write_batch(
+    batch: pa.RecordBatch, read_schema: Schema, file_schema: Schema
+) -> pa.RecordBatch:
+    """Convert a batch read in ``read_schema`` to the Parquet file schema with field ids."""
+    return _to_requested_schema(
+        requested_schema=file_schema,
+        file_schema=read_schema,
+        batch=batch,
+        include_field_ids=True,
+        format_model=FileFormatFactory.get(FileFormat.PARQUET),
+    )
+
+
+def parquet_writer_kwargs(properties: dict[str, str]) -> dict[str, Any]:
+    """pyarrow ParquetWriter options from the table's ``write.parquet.*`` properties."""
+    with warnings.catch_warnings():
+        # compactor implements write.parquet.row-group-size-bytes itself.
+        warnings.simplefilter("ignore")
+        return _get_parquet_writer_kwargs(properties)
+
+
+def file_statistics(
+    parquet_metadata: pq.FileMetaData, file_schema: Schema, properties: dict[str, str]
+) -> dict[str, Any]:
+    """Iceberg column metrics of a written Parquet file, honouring ``write.metadata.metrics.*``."""
+    stats = data_file_statistics_from_parquet_metadata(
+        parquet_metadata=parquet_metadata,
+        stats_columns=compute_statistics_plan(file_schema, properties),
+        parquet_column_mapping=parquet_path_to_id_mapping(file_schema),
+    )
+    return stats.to_serialized_dict()
+
+
+class PartitionPath:
+    """Adapter giving a partition record the ``to_path()`` that location providers call."""
+
+    def __init__(self, spec: PartitionSpec, schema: Schema, partition: Record) -> None:
+        self._spec, self._schema, self._partition = spec, schema, partition
+
+    def to_path(self) -> str:
+        return self._spec.partition_to_path(self._partition, self._schema)
+
+
+class FilePruner:
+    """Decides, from partition values and column metrics, which files a row filter can touch."""
+
+    def __init__(self, metadata: TableMetadata, row_filter: BooleanExpression) -> None:
+        self._schema = metadata.schema()
+        self._specs = metadata.specs()
+        self._filter = row_filter
+        self._manifest_evals: dict[int, Any] = {}
+        self._partition_evals: dict[int, Any] = {}
+        self._metrics_eval = _InclusiveMetricsEvaluator(
+            self._schema, row_filter, case_sensitive=True
+        )
+
+    def _projection(self, spec_id: int) -> BooleanExpression:
+        return inclusive_projection(self._schema, self._specs[spec_id], True)(self._filter)
+
+    def manifest_may_match(self, manifest: ManifestFile) -> bool:
+        spec_id = manifest.partition_spec_id
+        if spec_id not in self._manifest_evals:
+            spec = self._specs[spec_id]
+            self._manifest_evals[spec_id] = manifest_evaluator(
+                spec, self._schema, self._projection(spec_id), True
+            )
+        return self._manifest_evals[spec_id](manifest)
+
+    def partition_may_match(self, data_file: DataFile) -> bool:
+        spec_id = data_file.spec_id
+        if spec_id not in self._partition_evals:
+            spec = self._specs[spec_id]
+            partition_schema = Schema(*spec.partition_type(self._schema).fields)
+            self._partition_evals[spec_id] = expression_evaluator(
+                partition_schema, self._projection(spec_id), True
+            )
+        return self._partition_evals[spec_id](data_file.partition)
+
+    def file_may_match(self, data_file: DataFile) -> bool:
+        return self.partition_may_match(data_file) and self._metrics_eval.eval(data_file)

@@ -1,0 +1,204 @@
+"""Rewrite one file group: stream its live rows through the Iceberg read path into new files.
+
+``rewrite_group`` is a pure function of (group, table metadata, file IO): it commits nothing,
+so it can run in a thread, a process or on another machine.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyiceberg.io import FileIO
+from pyiceberg.manifest import DataFile
+from pyiceberg.table.locations import load_location_provider
+from pyiceberg.table.metadata import TableMetadata
+
+from compactor.errors import CompactorError, DataFileError
+from compactor.parquet_output import OutputSpec, RollingParquetWriter
+from compactor.planner import FileGroup, InputFile
+from compactor.pyiceberg_compat import read_data_file, read_position_deletes
+from compactor.settings import STREAM_FILE_THRESHOLD
+
+READ_THREADS = 4
+
+
+@dataclass
+class GroupResult:
+    """What rewriting one group produced."""
+
+    group: FileGroup
+    data_files: list[DataFile] = field(default_factory=list)
+    records_read: int = 0
+    rows_deleted: int = 0
+
+    @property
+    def output_bytes(self) -> int:
+        return sum(f.file_size_in_bytes for f in self.data_files)
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def _positions_by_file(io: FileIO, group: FileGroup) -> dict[str, list[pa.ChunkedArray]]:
+    wanted = {f.path for f in group.files}
+    positions: dict[str, list[pa.ChunkedArray]] = {}
+    for delete_file in sorted(group.delete_files, key=lambda d: d.file_path):
+        try:
+            by_file = read_position_deletes(io, delete_file)
+        except Exception as exc:
+            raise DataFileError(f"delete file {delete_file.file_path}: {_describe(exc)}") from exc
+        for path, array in by_file.items():
+            if path in wanted:
+                positions.setdefault(path, []).append(array)
+    return positions
+
+
+def _deleted_count(positions: list[pa.ChunkedArray] | None, record_count: int) -> int:
+    if not positions:
+        return 0
+    merged = pa.chunked_array([chunk for array in positions for chunk in array.chunks], pa.int64())
+    unique = pc.unique(merged)
+    in_range = pc.and_(pc.greater_equal(unique, 0), pc.less(unique, record_count))
+    return pc.sum(pc.cast(in_range, pa.int64())).as_py() or 0
+
+
+class _OrderedReader:
+    """Yields the groups' rows file by file, in plan order, reading small files ahead in threads.
+
+    At most ``read_ahead`` bytes of input files are in flight; files of STREAM_FILE_THRESHOLD
+    bytes or more are streamed batch by batch instead, so memory never depends on file size.
+    """
+
+    def __init__(
+        self,
+        io: FileIO,
+        metadata: TableMetadata,
+        files: list[InputFile],
+        positions: dict[str, list[pa.ChunkedArray]],
+        read_ahead: int,
+    ) -> None:
+        self._io, self._metadata, self._positions = io, metadata, positions
+        self._files, self._read_ahead = files, read_ahead
+
+    def _stream(self, f: InputFile) -> Iterator[pa.RecordBatch]:
+        try:
+            yield from read_data_file(
+                self._io, self._metadata, f.data_file, self._positions.get(f.path)
+            )
+        except Exception as exc:
+            raise DataFileError(f"data file {f.path}: {_describe(exc)}") from exc
+
+    def _load(self, f: InputFile) -> list[pa.RecordBatch]:
+        return list(self._stream(f))
+
+    def batches(
+        self,
+    ) -> Iterator[tuple[InputFile, list[pa.RecordBatch] | Iterator[pa.RecordBatch]]]:
+        pending: deque[tuple[InputFile, Future[list[pa.RecordBatch]] | None]] = deque()
+        in_flight = 0
+        index = 0
+        with ThreadPoolExecutor(READ_THREADS) as pool:
+            try:
+                while index < len(self._files) or pending:
+                    while index < len(self._files) and (
+                        not pending or in_flight < self._read_ahead
+                    ):
+                        f = self._files[index]
+                        index += 1
+                        if f.size >= STREAM_FILE_THRESHOLD:
+                            pending.append((f, None))
+                            break
+                        pending.append((f, pool.submit(self._load, f)))
+                        in_flight += f.size
+                    f, future = pending.popleft()
+                    if future is None:
+                        yield f, self._stream(f)
+                    else:
+                        in_flight -= f.size
+                        yield f, future.result()
+            finally:
+                for _, future in pending:
+                    if future is not None:
+                        future.cancel()
+
+
+def rewrite_group(
+    group: FileGroup,
+    metadata: TableMetadata,
+    io: FileIO,
+    *,
+    row_group_size: int,
+    read_ahead: int,
+    file_prefix: str,
+    on_file_done: Callable[[InputFile], None] | None = None,
+    on_file_created: Callable[[str], None] | None = None,
+) -> GroupResult:
+    """Rewrite ``group`` into new data files; on any failure remove what was written and raise.
+
+    Checks that every live input row was written: rows read plus rows deleted by position
+    deletes must equal each input file's record count.
+    """
+    out = OutputSpec(
+        metadata=metadata,
+        io=io,
+        locations=load_location_provider(metadata.location, metadata.properties),
+        spec_id=group.spec_id,
+        partition=group.partition,
+        target_file_size=group.target_file_size,
+        row_group_size=row_group_size,
+        file_prefix=file_prefix,
+    )
+    writer = RollingParquetWriter(out, on_create=on_file_created)
+    result = GroupResult(group)
+    try:
+        positions = _positions_by_file(io, group)
+        reader = _OrderedReader(io, metadata, group.files, positions, read_ahead)
+        for f, batches in reader.batches():
+            rows = 0
+            for batch in batches:
+                rows += batch.num_rows
+                writer.write(batch)
+            deleted = _deleted_count(positions.get(f.path), f.data_file.record_count)
+            if rows + deleted != f.data_file.record_count:
+                raise DataFileError(
+                    f"data file {f.path}: read {rows} live rows + {deleted} deleted, "
+                    f"but the manifest records {f.data_file.record_count}"
+                )
+            result.records_read += rows
+            result.rows_deleted += deleted
+            if on_file_done:
+                on_file_done(f)
+        result.data_files = writer.close()
+        if writer.records_written != result.records_read:
+            raise DataFileError(
+                f"group {group.group_id}: wrote {writer.records_written} rows, read {result.records_read}"
+            )
+    except BaseException as exc:
+        writer.abort()
+        delete_files(io, writer.created)
+        if isinstance(exc, CompactorError | KeyboardInterrupt | SystemExit):
+            raise
+        raise DataFileError(
+            f"group {group.group_id} ({group.partition_path or 'unpartitioned'}): {_describe(exc)}"
+        ) from exc
+    return result
+
+
+def delete_files(io: FileIO, paths: list[str]) -> list[str]:
+    """Delete ``paths``; returns those that could not be deleted (already gone counts as done)."""
+    failed = []
+    for path in paths:
+        try:
+            io.delete(path)
+        except FileNotFoundError:
+            continue
+        except Exception:
+            failed.append(path)
+    return failed

@@ -1,0 +1,130 @@
+"""Every default in one place, and how flags and Iceberg table properties combine into options.
+
+Precedence: command-line flag, then the table's Iceberg property, then the default below.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from compactor.errors import ConfigError, UsageError
+from compactor.sizes import format_size, parse_size
+
+MiB = 2**20
+GiB = 2**30
+
+# Output file size: S3 Tables allows 64 MB to 512 MB; Iceberg's own default is 512 MiB.
+DEFAULT_TARGET_FILE_SIZE = 512 * MiB
+MIN_TARGET_FILE_SIZE = 64 * 10**6
+MAX_TARGET_FILE_SIZE = 512 * MiB
+# A data file is a candidate when under 75% or over 180% of the target (as in Iceberg Java).
+MIN_FILE_SIZE_RATIO = 0.75
+MAX_FILE_SIZE_RATIO = 1.80
+DEFAULT_MIN_INPUT_FILES = 5
+DEFAULT_DELETE_FILE_THRESHOLD = 1
+DEFAULT_MAX_GROUP_SIZE = 100 * GiB
+DEFAULT_ROW_GROUP_SIZE = 128 * MiB
+# Compressed input bytes each group may have read ahead of the writer (bounds memory per worker).
+DEFAULT_READ_AHEAD = 64 * MiB
+# Files at least this large are streamed batch by batch instead of being read ahead whole.
+STREAM_FILE_THRESHOLD = 16 * MiB
+
+TARGET_FILE_SIZE_PROPERTY = "write.target-file-size-bytes"
+ROW_GROUP_SIZE_PROPERTY = "write.parquet.row-group-size-bytes"
+
+SNAPSHOT_PROPERTY_TOOL = "compactor.version"
+
+
+def default_parallelism() -> int:
+    """Groups rewritten at once: one per core."""
+    return max(1, os.cpu_count() or 1)
+
+
+@dataclass(frozen=True)
+class RewriteOptions:
+    """Options of one compaction run, after flags and table properties are resolved."""
+
+    target_file_size: int = DEFAULT_TARGET_FILE_SIZE
+    min_input_files: int = DEFAULT_MIN_INPUT_FILES
+    delete_file_threshold: int = DEFAULT_DELETE_FILE_THRESHOLD
+    max_group_size: int = DEFAULT_MAX_GROUP_SIZE
+    row_group_size: int = DEFAULT_ROW_GROUP_SIZE
+    read_ahead: int = DEFAULT_READ_AHEAD
+    parallelism: int = 1
+    where: str | None = None
+
+    @property
+    def min_file_size(self) -> int:
+        """Files below this size are candidates."""
+        return int(self.target_file_size * MIN_FILE_SIZE_RATIO)
+
+    @property
+    def max_file_size(self) -> int:
+        """Files above this size are candidates (they are split)."""
+        return int(self.target_file_size * MAX_FILE_SIZE_RATIO)
+
+
+def _int_property(properties: dict[str, str], name: str, table: str) -> int | None:
+    if name not in properties:
+        return None
+    try:
+        return int(properties[name])
+    except ValueError:
+        raise ConfigError(
+            f"table {table}: property {name}={properties[name]!r} is not an integer"
+        ) from None
+
+
+def resolve_options(
+    table: str,
+    table_properties: dict[str, str],
+    *,
+    target_file_size: str | None = None,
+    allow_small_target: bool = False,
+    min_input_files: int = DEFAULT_MIN_INPUT_FILES,
+    delete_file_threshold: int = DEFAULT_DELETE_FILE_THRESHOLD,
+    max_group_size: str | None = None,
+    parallelism: int | None = None,
+    where: str | None = None,
+) -> RewriteOptions:
+    """Combine flags (``None`` = not given) with the table's properties into options."""
+    if target_file_size is not None:
+        target, source = parse_size(target_file_size, "--target-file-size"), "--target-file-size"
+    else:
+        target = _int_property(table_properties, TARGET_FILE_SIZE_PROPERTY, table)
+        source = f"table {table}: property {TARGET_FILE_SIZE_PROPERTY}"
+        if target is None:
+            target = DEFAULT_TARGET_FILE_SIZE
+    too_small = target < MIN_TARGET_FILE_SIZE and not allow_small_target
+    if target <= 0 or too_small or target > MAX_TARGET_FILE_SIZE:
+        error = UsageError if source == "--target-file-size" else ConfigError
+        raise error(
+            f"{source}: {format_size(target)} is outside the allowed range "
+            f"{format_size(MIN_TARGET_FILE_SIZE)}..{format_size(MAX_TARGET_FILE_SIZE)}"
+            + ("" if target > MAX_TARGET_FILE_SIZE else " (smaller only with --allow-small-target)")
+        )
+    if min_input_files < 1:
+        raise UsageError(f"--min-input-files: must be at least 1, got {min_input_files}")
+    if delete_file_threshold < 1:
+        raise UsageError(
+            f"--delete-file-threshold: must be at least 1, got {delete_file_threshold}"
+        )
+    group = (
+        parse_size(max_group_size, "--max-group-size") if max_group_size else DEFAULT_MAX_GROUP_SIZE
+    )
+    if group < target:
+        raise UsageError(f"--max-group-size: {format_size(group)} is below the target file size")
+    workers = parallelism if parallelism is not None else default_parallelism()
+    if workers < 1:
+        raise UsageError(f"--parallelism: must be at least 1, got {workers}")
+    row_group = _int_property(table_properties, ROW_GROUP_SIZE_PROPERTY, table)
+    return RewriteOptions(
+        target_file_size=target,
+        min_input_files=min_input_files,
+        delete_file_threshold=delete_file_threshold,
+        max_group_size=group,
+        row_group_size=row_group if row_group and row_group > 0 else DEFAULT_ROW_GROUP_SIZE,
+        parallelism=workers,
+        where=where,
+    )

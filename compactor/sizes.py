@@ -1,0 +1,47 @@
+"""Human-readable byte sizes: parsing ``128MB``/``512MiB``/``1048576`` and printing them back."""
+
+from __future__ import annotations
+
+import re
+
+from compactor.errors import UsageError
+
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+    "K": 2**10,
+    "M": 2**20,
+    "G": 2**30,
+}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
+
+
+def parse_size(text: str | int, setting: str = "size") -> int:
+    """Parse ``text`` as a byte count; ``setting`` names the flag or property in errors."""
+    if isinstance(text, int):
+        return text
+    match = _SIZE.match(text)
+    unit = match.group(2).upper() if match else ""
+    if not match or unit not in _UNITS:
+        raise UsageError(
+            f"{setting}: cannot read {text!r} as a size (examples: 128MB, 512MiB, 1048576)"
+        )
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def format_size(num_bytes: float) -> str:
+    """Format a byte count with binary units, e.g. ``1.5 MiB``."""
+    value = float(num_bytes)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
