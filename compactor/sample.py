@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 from collections.abc import Callable
 
@@ -73,14 +74,10 @@ def create_events_table(
     Every commit writes one small file per (day, region) partition it touches.
     """
     namespace = identifier.rsplit(".", 1)[0]
-    try:
+    with contextlib.suppress(NamespaceAlreadyExistsError):
         catalog.create_namespace(namespace)
-    except NamespaceAlreadyExistsError:
-        pass
-    try:
+    with contextlib.suppress(NoSuchTableError):
         catalog.purge_table(identifier)
-    except NoSuchTableError:
-        pass
     table = catalog.create_table(
         identifier, EVENTS_SCHEMA, partition_spec=EVENTS_SPEC, properties=properties or {}
     )
