@@ -44,14 +44,18 @@ def embedded_catalog() -> SqlCatalog:
 
 
 def open_catalog(name: str | None) -> Catalog:
-    """Open the catalog named ``name``, pyiceberg's configured default, or the embedded one."""
+    """Open the catalog named ``name``, pyiceberg's configured default, or the embedded one.
+
+    The embedded catalog answers to its own name too, unless a catalog of that name is configured.
+    """
     config = Config()
     if name is None:
-        default = config.get_default_catalog_name()
-        if config.get_catalog_config(default) is None:
+        name = config.get_default_catalog_name()
+        if config.get_catalog_config(name) is None:
             return embedded_catalog()
-        name = default
     elif config.get_catalog_config(name) is None:
+        if name == EMBEDDED_CATALOG:
+            return embedded_catalog()
         raise ConfigError(
             f"catalog {name!r} is not configured: define it in ~/.pyiceberg.yaml or with "
             f"PYICEBERG_CATALOG__{name.upper()}__URI (and __TYPE, __WAREHOUSE)"
@@ -59,9 +63,14 @@ def open_catalog(name: str | None) -> Catalog:
     try:
         return load_catalog(name)
     except Exception as exc:
-        raise ConfigError(
-            f"catalog {name!r}: {str(exc).splitlines()[0] if str(exc) else exc!r}"
-        ) from exc
+        raise ConfigError(f"catalog {name!r}: {_reason(exc)}") from exc
+
+
+def _reason(exc: BaseException) -> str:
+    """First line of an exception's message (KeyError's without the quotes str() adds)."""
+    text = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
+    text = text.strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def parse_identifier(identifier: str) -> tuple[str, ...]:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import traceback
 from collections.abc import Callable
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -20,17 +21,25 @@ from rich.progress import (
 from rich.table import Table as RichTable
 
 from compactor import __version__
-from compactor.catalogs import open_catalog, open_table
-from compactor.compaction import RunResult, compact
 from compactor.errors import EXIT_RUNTIME, CompactorError
-from compactor.health import TableHealth, table_health
-from compactor.planner import Plan
 from compactor.settings import (
     DEFAULT_DELETE_FILE_THRESHOLD,
     DEFAULT_MIN_INPUT_FILES,
+    check_pyiceberg_config,
     resolve_options,
 )
 from compactor.sizes import format_size
+
+if TYPE_CHECKING:
+    from pyiceberg.table import Table
+
+    from compactor.compaction import RunResult
+    from compactor.health import TableHealth
+    from compactor.planner import Plan
+
+# pyiceberg, and every module built on it, is imported inside the commands, after
+# check_pyiceberg_config(): pyiceberg reads ~/.pyiceberg.yaml on import, and a broken file must
+# fail as one error line, not a traceback. --help and --version stay quick too.
 
 app = typer.Typer(
     help="Keep Apache Iceberg tables fast: compact small files into large ones.",
@@ -39,11 +48,10 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
-out = Console()
-err = Console(stderr=True)
+# soft_wrap: a line is never broken to the terminal's (or a pipe's 80-column) width.
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
 _state = {"verbose": False}
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 CatalogOpt = Annotated[
     str | None,
@@ -61,21 +69,31 @@ TableOpt = Annotated[
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document instead of tables.")]
 
 
+def _one_line(text: str) -> str:
+    return " ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
 def _fail(exc: BaseException) -> None:
-    if _state["verbose"]:
-        raise exc
+    """Print ``exc`` as one ``error:`` line (after its traceback with --verbose) and exit."""
+    verbose = _state["verbose"]
+    if verbose:
+        traceback.print_exception(exc)
     if isinstance(exc, CompactorError):
-        err.print(f"error: {exc}", markup=False, highlight=False)
-        raise typer.Exit(exc.exit_code)
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    err.print(
-        f"error: {type(exc).__name__}: {first} (run with --verbose for details)", markup=False
-    )
-    raise typer.Exit(EXIT_RUNTIME)
+        message, code = _one_line(str(exc)) or type(exc).__name__, exc.exit_code
+    else:
+        lines = str(exc).strip().splitlines()
+        message = f"{type(exc).__name__}: {lines[0].strip()}" if lines else type(exc).__name__
+        if not verbose:
+            message += " (run with --verbose for details)"
+        code = EXIT_RUNTIME
+    err.print(f"error: {message}", markup=False, highlight=False)
+    raise typer.Exit(code)
 
 
 def _guarded(fn: Callable[[], Any]) -> Any:
+    """Run a command's body; any failure becomes one ``error:`` line and an exit code."""
     try:
+        check_pyiceberg_config()
         return fn()
     except (typer.Exit, typer.Abort):
         raise
@@ -84,6 +102,12 @@ def _guarded(fn: Callable[[], Any]) -> Any:
         raise typer.Exit(130) from None
     except Exception as exc:
         _fail(exc)
+
+
+def _open_table(catalog: str | None, table: str) -> Table:
+    from compactor.catalogs import open_catalog, open_table
+
+    return open_table(open_catalog(catalog), table)
 
 
 @app.callback()
@@ -141,7 +165,10 @@ def _print_plan(plan: Plan) -> None:
         "deletes",
         "expected outputs",
     ):
-        table.add_column(column, justify="left" if column == "partition" else "right")
+        if column == "partition":
+            table.add_column(column, overflow="fold")
+        else:
+            table.add_column(column, justify="right")
     for g in plan.groups:
         s = g.summary()
         table.add_row(
@@ -152,7 +179,8 @@ def _print_plan(plan: Plan) -> None:
             str(s["delete_files"]),
             str(s["expected_output_files"]),
         )
-    out.print(table)
+    if plan.groups:
+        out.print(table)
     skipped = ", ".join(f"{k}={v}" for k, v in sorted(plan.skipped.items())) or "none"
     out.print(
         f"{plan.input_files} files ({format_size(plan.input_bytes)}) in {len(plan.groups)} groups "
@@ -224,7 +252,9 @@ def run(
     """
 
     def go() -> None:
-        tbl = open_table(open_catalog(catalog), table)
+        from compactor.compaction import compact
+
+        tbl = _open_table(catalog, table)
         options = resolve_options(
             table,
             tbl.metadata.properties,
@@ -273,7 +303,10 @@ def _print_health(health: TableHealth) -> None:
     if data["worst_partitions"]:
         parts = RichTable(title="partitions with the most small files")
         for column in ("partition", "files", "small", "bytes"):
-            parts.add_column(column, justify="left" if column == "partition" else "right")
+            if column == "partition":
+                parts.add_column(column, overflow="fold")
+            else:
+                parts.add_column(column, justify="right")
         for p in data["worst_partitions"]:
             parts.add_row(
                 p["partition"],
@@ -298,7 +331,9 @@ def inspect(
     """Show a table's files: count, bytes, average size, small files, delete files, worst partitions."""
 
     def go() -> None:
-        tbl = open_table(open_catalog(catalog), table)
+        from compactor.health import table_health
+
+        tbl = _open_table(catalog, table)
         options = resolve_options(
             table,
             tbl.metadata.properties,
@@ -312,6 +347,27 @@ def inspect(
             _print_health(health)
 
     _guarded(go)
+
+
+@app.command()
+def demo(
+    commits: Annotated[
+        int, typer.Option(help="Small commits to write into the sample table.")
+    ] = 200,
+    rows_per_commit: Annotated[int, typer.Option(help="Rows in each commit.")] = 2500,
+) -> None:
+    """Build a fragmented sample table (demo.events) in the embedded catalog, compact it, show the gain.
+
+    Uses $COMPACTOR_HOME (default ~/.local/share/compactor); `make demo` points it at .compactor-demo/.
+    """
+    from compactor.demo import run_demo
+
+    def on_error(message: str) -> None:
+        raise CompactorError(message)
+
+    _guarded(
+        lambda: run_demo(out, commits=commits, rows_per_commit=rows_per_commit, on_error=on_error)
+    )
 
 
 def main() -> None:

@@ -29,7 +29,6 @@ from pyiceberg.manifest import (
     ManifestEntry,
     ManifestEntryStatus,
     ManifestFile,
-    write_manifest,
     write_manifest_list,
 )
 from pyiceberg.table import Table, TableProperties
@@ -51,7 +50,7 @@ from pyiceberg.utils.properties import property_as_int
 
 from compactor.errors import CommitConflictError
 from compactor.planner import FileGroup, Plan
-from compactor.pyiceberg_compat import DeleteFileIndex
+from compactor.pyiceberg_compat import DeleteFileIndex, manifest_writer
 from compactor.rewriter import GroupResult, delete_files
 
 log = logging.getLogger(__name__)
@@ -192,16 +191,17 @@ class _Attempt:
         self.written.append(path)
         return self.table.io.new_output(path)
 
-    def manifest_writer(self, spec_id: int):
+    def manifest_writer(self, spec_id: int, content: ManifestContent = ManifestContent.DATA):
         metadata = self.table.metadata
         name = f"{self.commit_uuid}-m{len(self.written)}.avro"
-        return write_manifest(
-            format_version=metadata.format_version,
-            spec=metadata.specs()[spec_id],
-            schema=metadata.schema(),
-            output_file=self._output(name),
-            snapshot_id=self.snapshot_id,
-            avro_compression=self._compression,
+        return manifest_writer(
+            content,
+            metadata.format_version,
+            metadata.specs()[spec_id],
+            metadata.schema(),
+            self._output(name),
+            self.snapshot_id,
+            self._compression,
         )
 
     def manifest_list(
@@ -224,45 +224,41 @@ class _Attempt:
         delete_files(self.table.io, self.written)
 
 
-def _rewrite_manifests(
+def _filter_manifests(
     attempt: _Attempt,
     head: Snapshot,
-    remove: dict[str, int],
+    remove: set[str],
     known_manifests: dict[str, set[str]],
 ) -> tuple[list[ManifestFile], dict[str, ManifestEntry]]:
-    """Carry the head's manifests over, rewriting those that hold files to remove.
+    """Carry the head's manifests over without the files to remove.
 
-    Returns the manifests and, per removed path, the live entry found for it (so the caller can
-    tell which inputs are no longer live).
+    Manifests that hold none of them are kept as they are; manifests whose every live file goes
+    are dropped; the others are rewritten with their remaining entries as EXISTING. Returns the
+    manifests and, per removed path, the live entry found for it (the caller records those as
+    DELETED and can tell which inputs are no longer live).
     """
     io = attempt.table.io
     manifests: list[ManifestFile] = []
     found: dict[str, ManifestEntry] = {}
     for manifest in head.manifests(io):
-        if manifest.manifest_path in known_manifests and not (
-            known_manifests[manifest.manifest_path] & remove.keys()
-        ):
+        known = known_manifests.get(manifest.manifest_path)
+        if known is not None and not known & remove:
             manifests.append(manifest)
             continue
         entries = manifest.fetch_manifest_entry(io, discard_deleted=True)
-        hits = [e for e in entries if e.data_file.file_path in remove]
-        if not hits:
+        kept = [e for e in entries if e.data_file.file_path not in remove]
+        if len(kept) == len(entries):
             manifests.append(manifest)
             continue
-        with attempt.manifest_writer(manifest.partition_spec_id) as writer:
-            for entry in entries:
-                path = entry.data_file.file_path
-                status = (
-                    ManifestEntryStatus.DELETED if path in remove else ManifestEntryStatus.EXISTING
-                )
-                if status == ManifestEntryStatus.DELETED:
-                    found[path] = entry
+        found.update((e.data_file.file_path, e) for e in entries if e.data_file.file_path in remove)
+        if not kept:
+            continue
+        with attempt.manifest_writer(manifest.partition_spec_id, manifest.content) as writer:
+            for entry in kept:
                 writer.add_entry(
                     ManifestEntry.from_args(
-                        status=status,
-                        snapshot_id=attempt.snapshot_id
-                        if status == ManifestEntryStatus.DELETED
-                        else entry.snapshot_id,
+                        status=ManifestEntryStatus.EXISTING,
+                        snapshot_id=entry.snapshot_id,
                         sequence_number=entry.sequence_number,
                         file_sequence_number=entry.file_sequence_number,
                         data_file=entry.data_file,
@@ -270,6 +266,50 @@ def _rewrite_manifests(
                 )
         manifests.append(writer.to_manifest_file())
     return manifests, found
+
+
+def _write_changes(
+    attempt: _Attempt,
+    added: list[DataFile],
+    removed: list[ManifestEntry],
+    data_sequence_number: int | None,
+) -> list[ManifestFile]:
+    """One manifest per (spec, content) with the added files and the removed files' DELETED entries."""
+    by_key: dict[tuple[int, ManifestContent], list[ManifestEntry]] = defaultdict(list)
+    for data_file in added:
+        entry = ManifestEntry.from_args(
+            status=ManifestEntryStatus.ADDED,
+            snapshot_id=attempt.snapshot_id,
+            sequence_number=data_sequence_number,
+            file_sequence_number=None,
+            data_file=data_file,
+        )
+        by_key[(data_file.spec_id, ManifestContent.DATA)].append(entry)
+    for entry in removed:
+        data_file = entry.data_file
+        content = (
+            ManifestContent.DATA
+            if data_file.content == DataFileContent.DATA
+            else ManifestContent.DELETES
+        )
+        by_key[(data_file.spec_id, content)].append(
+            ManifestEntry.from_args(
+                status=ManifestEntryStatus.DELETED,
+                snapshot_id=attempt.snapshot_id,
+                sequence_number=entry.sequence_number,
+                file_sequence_number=entry.file_sequence_number,
+                data_file=data_file,
+            )
+        )
+    manifests = []
+    for (spec_id, content), entries in sorted(
+        by_key.items(), key=lambda kv: (kv[0][1].value, kv[0][0])
+    ):
+        with attempt.manifest_writer(spec_id, content) as writer:
+            for entry in entries:
+                writer.add_entry(entry)
+        manifests.append(writer.to_manifest_file())
+    return manifests
 
 
 def _summary(
@@ -391,9 +431,9 @@ def _write_snapshot(
         for path, (delete_file, targets) in plan.delete_file_targets.items()
         if targets <= rewritten.keys()
     }
-    remove = dict(rewritten)
-    remove.update({path: -1 for path in dangling})
-    manifests, found = _rewrite_manifests(attempt, head, remove, known_manifests)
+    manifests, found = _filter_manifests(
+        attempt, head, rewritten.keys() | dangling.keys(), known_manifests
+    )
     missing = {gid for path, gid in rewritten.items() if path not in found}
     if missing:
         for gid in missing:
@@ -403,29 +443,14 @@ def _write_snapshot(
         return None
 
     added = [df for r in pending.values() for df in r.data_files]
+    removed_entries = [found[p] for p in rewritten] + [found[p] for p in dangling if p in found]
     outcome.removed_delete_files = [found[p].data_file for p in dangling if p in found]
-    removed = [found[p].data_file for p in rewritten] + outcome.removed_delete_files
     metadata = table.metadata
     data_sequence_number = plan.sequence_number if metadata.format_version > 1 else None
-    by_spec: dict[int, list[DataFile]] = defaultdict(list)
-    for data_file in added:
-        by_spec[data_file.spec_id].append(data_file)
-    added_manifests = []
-    for spec_id, files in sorted(by_spec.items()):
-        with attempt.manifest_writer(spec_id) as writer:
-            for data_file in files:
-                writer.add_entry(
-                    ManifestEntry.from_args(
-                        status=ManifestEntryStatus.ADDED,
-                        snapshot_id=attempt.snapshot_id,
-                        sequence_number=data_sequence_number,
-                        file_sequence_number=None,
-                        data_file=data_file,
-                    )
-                )
-        added_manifests.append(writer.to_manifest_file())
-    all_manifests = added_manifests + [m for m in manifests if m.content == ManifestContent.DATA]
-    all_manifests += [m for m in manifests if m.content == ManifestContent.DELETES]
+    changes = _write_changes(attempt, added, removed_entries, data_sequence_number)
+    all_manifests = [m for m in changes + manifests if m.content == ManifestContent.DATA]
+    all_manifests += [m for m in changes + manifests if m.content == ManifestContent.DELETES]
+    removed = [e.data_file for e in removed_entries]
     sequence_number = metadata.next_sequence_number()
     manifest_list = attempt.manifest_list(head.snapshot_id, sequence_number, all_manifests)
     return Snapshot(

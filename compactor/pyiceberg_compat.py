@@ -34,7 +34,15 @@ from pyiceberg.io.pyarrow import (
     parquet_path_to_id_mapping,
     schema_to_pyarrow,
 )
-from pyiceberg.manifest import DataFile, FileFormat, ManifestFile
+from pyiceberg.manifest import (
+    DataFile,
+    FileFormat,
+    ManifestContent,
+    ManifestFile,
+    ManifestWriter,
+    ManifestWriterV2,
+    write_manifest,
+)
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema, sanitize_column_names
 from pyiceberg.table import FileScanTask
@@ -53,6 +61,7 @@ __all__ = [
     "read_position_deletes",
     "to_write_batch",
     "write_schema",
+    "manifest_writer",
 ]
 
 
@@ -179,3 +188,31 @@ class FilePruner:
 
     def file_may_match(self, data_file: DataFile) -> bool:
         return self.partition_may_match(data_file) and self._metrics_eval.eval(data_file)
+
+
+class _DeleteManifestWriterV2(ManifestWriterV2):
+    """pyiceberg 0.12 writes only data manifests; this writes a v2 delete manifest."""
+
+    def content(self) -> ManifestContent:
+        return ManifestContent.DELETES
+
+    @property
+    def _meta(self) -> dict[str, str]:
+        return {**super()._meta, "content": "deletes"}
+
+
+def manifest_writer(
+    content: ManifestContent,
+    format_version: int,
+    spec: PartitionSpec,
+    schema: Schema,
+    output_file: Any,
+    snapshot_id: int,
+    avro_compression: Any,
+) -> ManifestWriter:
+    """A manifest writer for data or (v2) delete manifests."""
+    if content == ManifestContent.DELETES:
+        if format_version != 2:
+            raise ValueError(f"delete manifests need format version 2, not {format_version}")
+        return _DeleteManifestWriterV2(spec, schema, output_file, snapshot_id, avro_compression)
+    return write_manifest(format_version, spec, schema, output_file, snapshot_id, avro_compression)  # type: ignore[arg-type]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from compactor.errors import ConfigError, UsageError
 from compactor.sizes import format_size, parse_size
@@ -34,6 +35,9 @@ TARGET_FILE_SIZE_PROPERTY = "write.target-file-size-bytes"
 ROW_GROUP_SIZE_PROPERTY = "write.parquet.row-group-size-bytes"
 
 SNAPSHOT_PROPERTY_TOOL = "compactor.version"
+
+PYICEBERG_CONFIG_FILE = ".pyiceberg.yaml"
+FILTER_EXAMPLE = "region = 'eu' and event_id >= 100"
 
 
 def default_parallelism() -> int:
@@ -74,6 +78,54 @@ def _int_property(properties: dict[str, str], name: str, table: str) -> int | No
         raise ConfigError(
             f"table {table}: property {name}={properties[name]!r} is not an integer"
         ) from None
+
+
+def pyiceberg_config_file() -> Path | None:
+    """The configuration file pyiceberg reads: first of $PYICEBERG_HOME, ~, the current directory."""
+    for directory in (os.environ.get("PYICEBERG_HOME"), os.path.expanduser("~"), os.getcwd()):
+        if directory and (Path(directory) / PYICEBERG_CONFIG_FILE).is_file():
+            return Path(directory) / PYICEBERG_CONFIG_FILE
+    return None
+
+
+def check_pyiceberg_config() -> None:
+    """Fail with one line naming the file and line when pyiceberg's configuration is unreadable.
+
+    pyiceberg reads it when its catalog module is first imported and fails there with a long
+    parser trace, so this runs first. Imports only pyiceberg's light config module.
+    """
+    from pyiceberg.utils.config import Config
+
+    try:
+        Config()
+    except Exception as exc:  # strictyaml, OSError, or ValueError for clashing variables
+        problem = getattr(exc, "problem", None) or _first_line(exc)
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        source = pyiceberg_config_file() or "PYICEBERG_* environment variables"
+        raise ConfigError(f"{source}: {problem}{where}") from exc
+
+
+def check_filter_syntax(where: str) -> None:
+    """Fail with one line when ``--where`` is not a filter expression pyiceberg can parse.
+
+    Columns are checked later, against the table's schema, by the planner.
+    """
+    from pyiceberg.expressions.parser import parse
+
+    try:
+        parse(where)
+    except Exception as exc:  # pyparsing's ParseException, or a literal that does not convert
+        column = getattr(exc, "col", None)
+        at = f" at column {column}" if isinstance(column, int) and column > 1 else ""
+        raise UsageError(
+            f'--where {where!r}: not a valid filter{at} (example: "{FILTER_EXAMPLE}")'
+        ) from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def resolve_options(
@@ -118,6 +170,8 @@ def resolve_options(
     workers = parallelism if parallelism is not None else default_parallelism()
     if workers < 1:
         raise UsageError(f"--parallelism: must be at least 1, got {workers}")
+    if where:
+        check_filter_syntax(where)
     row_group = _int_property(table_properties, ROW_GROUP_SIZE_PROPERTY, table)
     return RewriteOptions(
         target_file_size=target,
