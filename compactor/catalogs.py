@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import cast
 
 from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.catalog.sql import SqlCatalog
@@ -47,13 +48,15 @@ def open_catalog(name: str | None) -> Catalog:
     """Open the catalog named ``name``, pyiceberg's configured default, or the embedded one.
 
     The embedded catalog answers to its own name too, unless a catalog of that name is configured.
+    The configuration is read now, not when pyiceberg was imported, and passed on as is.
     """
     config = Config()
     if name is None:
         name = config.get_default_catalog_name()
         if config.get_catalog_config(name) is None:
             return embedded_catalog()
-    elif config.get_catalog_config(name) is None:
+    properties = config.get_catalog_config(name)
+    if properties is None:
         if name == EMBEDDED_CATALOG:
             return embedded_catalog()
         raise ConfigError(
@@ -61,7 +64,7 @@ def open_catalog(name: str | None) -> Catalog:
             f"PYICEBERG_CATALOG__{name.upper()}__URI (and __TYPE, __WAREHOUSE)"
         )
     try:
-        return load_catalog(name)
+        return load_catalog(name, **cast(dict[str, str | None], properties))
     except Exception as exc:
         raise ConfigError(f"catalog {name!r}: {_reason(exc)}") from exc
 

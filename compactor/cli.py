@@ -48,8 +48,10 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
-# soft_wrap: a line is never broken to the terminal's (or a pipe's 80-column) width.
-out = Console(soft_wrap=True)
+# soft_wrap: lines are never broken at the terminal's width. Piped output has no width limit
+# (rich would assume 80 columns), so tables written to files and logs are never cut short.
+PIPE_WIDTH = 1000
+out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else PIPE_WIDTH)
 err = Console(stderr=True, soft_wrap=True)
 _state = {"verbose": False}
 
@@ -110,16 +112,27 @@ def _open_table(catalog: str | None, table: str) -> Table:
     return open_table(open_catalog(catalog), table)
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        out.print(f"compactor {__version__}")
+        raise typer.Exit(0)
+
+
 @app.callback()
 def _main(
     verbose: Annotated[
         bool, typer.Option("--verbose", "-v", help="Show debug logs and full tracebacks.")
     ] = False,
-    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_print_version,
+            is_eager=True,  # before click asks for the missing command
+            help="Print the version and exit.",
+        ),
+    ] = False,
 ) -> None:
-    if version:
-        out.print(f"compactor {__version__}")
-        raise typer.Exit(0)
     _state["verbose"] = verbose
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.WARNING,
@@ -360,14 +373,16 @@ def demo(
 
     Uses $COMPACTOR_HOME (default ~/.local/share/compactor); `make demo` points it at .compactor-demo/.
     """
-    from compactor.demo import run_demo
 
     def on_error(message: str) -> None:
         raise CompactorError(message)
 
-    _guarded(
-        lambda: run_demo(out, commits=commits, rows_per_commit=rows_per_commit, on_error=on_error)
-    )
+    def go() -> None:
+        from compactor.demo import run_demo
+
+        run_demo(out, commits=commits, rows_per_commit=rows_per_commit, on_error=on_error)
+
+    _guarded(go)
 
 
 def main() -> None:

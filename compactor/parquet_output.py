@@ -78,16 +78,32 @@ class RollingParquetWriter:
         self._writer_kwargs = parquet_writer_kwargs(self._properties)
 
     def write(self, batch: pa.RecordBatch) -> None:
-        """Buffer one batch; flush a row group when the buffer reaches its budget."""
+        """Buffer one batch; flush a row group when the buffer reaches its budget.
+
+        A batch larger than the room left in the budget is split, so that a row group (and so
+        the file it closes) does not overshoot by up to a whole batch: readers hand over whole
+        input files as one batch, often larger than the budget itself.
+        """
         if batch.num_rows == 0:
             return
         batch = to_write_batch(batch, self._read_schema, self._file_schema)
         if batch.schema != self._arrow_schema:
             batch = batch.cast(self._arrow_schema)
-        self._buffer.append(batch)
-        self._buffered_bytes += batch.nbytes
-        if self._buffered_bytes >= self._row_group_budget():
+        while batch.num_rows:
+            budget = self._row_group_budget()
+            room = budget - self._buffered_bytes
+            if batch.nbytes <= room or batch.num_rows == 1:
+                self._buffer.append(batch)
+                self._buffered_bytes += batch.nbytes
+                if self._buffered_bytes >= budget:
+                    self._flush_row_group()
+                return
+            rows = max(1, batch.num_rows * room // batch.nbytes)
+            head = batch.slice(0, rows)
+            self._buffer.append(head)
+            self._buffered_bytes += head.nbytes
             self._flush_row_group()
+            batch = batch.slice(rows)
 
     def close(self) -> list[DataFile]:
         """Flush what is buffered and close the last file; returns every DataFile written."""

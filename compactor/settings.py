@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from compactor.errors import ConfigError, UsageError
-from compactor.sizes import format_size, parse_size
+from compactor.sizes import format_size, format_size_exact, parse_size
 
 MiB = 2**20
 GiB = 2**30
@@ -141,20 +141,23 @@ def resolve_options(
     where: str | None = None,
 ) -> RewriteOptions:
     """Combine flags (``None`` = not given) with the table's properties into options."""
+    error: type[UsageError]
     if target_file_size is not None:
-        target, source = parse_size(target_file_size, "--target-file-size"), "--target-file-size"
+        target = parse_size(target_file_size, "--target-file-size")
+        source, error = f"--target-file-size {target_file_size!r}", UsageError
     else:
-        target = _int_property(table_properties, TARGET_FILE_SIZE_PROPERTY, table)
-        source = f"table {table}: property {TARGET_FILE_SIZE_PROPERTY}"
-        if target is None:
-            target = DEFAULT_TARGET_FILE_SIZE
+        property_target = _int_property(table_properties, TARGET_FILE_SIZE_PROPERTY, table)
+        target = DEFAULT_TARGET_FILE_SIZE if property_target is None else property_target
+        source = f"table {table}: property {TARGET_FILE_SIZE_PROPERTY}={target}"
+        error = ConfigError
     too_small = target < MIN_TARGET_FILE_SIZE and not allow_small_target
     if target <= 0 or too_small or target > MAX_TARGET_FILE_SIZE:
-        error = UsageError if source == "--target-file-size" else ConfigError
+        allowed = (
+            f"{format_size_exact(MIN_TARGET_FILE_SIZE)}..{format_size_exact(MAX_TARGET_FILE_SIZE)}"
+        )
         raise error(
-            f"{source}: {format_size(target)} is outside the allowed range "
-            f"{format_size(MIN_TARGET_FILE_SIZE)}..{format_size(MAX_TARGET_FILE_SIZE)}"
-            + ("" if target > MAX_TARGET_FILE_SIZE else " (smaller only with --allow-small-target)")
+            f"{source} ({format_size(target)}) is outside the allowed range {allowed}"
+            + (" (smaller only with --allow-small-target)" if too_small else "")
         )
     if min_input_files < 1:
         raise UsageError(f"--min-input-files: must be at least 1, got {min_input_files}")

@@ -37,6 +37,30 @@ def parse_size(text: str | int, setting: str = "size") -> int:
     return int(float(match.group(1)) * _UNITS[unit])
 
 
+# Largest first; a binary unit before the decimal one of the same rank.
+_EXACT_UNITS = (
+    ("TiB", 2**40),
+    ("TB", 10**12),
+    ("GiB", 2**30),
+    ("GB", 10**9),
+    ("MiB", 2**20),
+    ("MB", 10**6),
+    ("KiB", 2**10),
+    ("KB", 10**3),
+)
+
+
+def format_size_exact(num_bytes: int) -> str:
+    """Format a byte count exactly in the largest unit that divides it: ``64MB``, ``512MiB``.
+
+    :func:`parse_size` reads the result back to the same count.
+    """
+    for unit, factor in _EXACT_UNITS:
+        if num_bytes and num_bytes % factor == 0:
+            return f"{num_bytes // factor}{unit}"
+    return str(num_bytes)
+
+
 def format_size(num_bytes: float) -> str:
     """Format a byte count with binary units, e.g. ``1.5 MiB``."""
     value = float(num_bytes)

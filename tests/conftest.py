@@ -1,0 +1,30 @@
+"""Fixtures for the compaction correctness suite: a real SQLite-backed pyiceberg catalog."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pyiceberg.catalog.sql import SqlCatalog
+
+NAMESPACE = "db"
+
+
+@pytest.fixture
+def warehouse(tmp_path: Path) -> Path:
+    """The warehouse directory every table of the test's catalog lives under."""
+    path = tmp_path / "wh"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def catalog(tmp_path: Path, warehouse: Path) -> SqlCatalog:
+    """A fresh SQLite catalog with namespace ``db``."""
+    cat = SqlCatalog(
+        "default",
+        uri=f"sqlite:///{tmp_path}/catalog.db",
+        warehouse=warehouse.as_uri(),
+    )
+    cat.create_namespace(NAMESPACE)
+    return cat

@@ -1,0 +1,507 @@
+"""Helpers for the compaction correctness suite.
+
+Row comparison is by multiset of canonicalised rows (NaN-safe, nested-safe), never by counts.
+pyiceberg 0.12 cannot write merge-on-read deletes, so :func:`commit_delete_files` commits
+position and equality delete files with pyiceberg's low-level manifest/snapshot pieces.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyiceberg.catalog import Catalog
+from pyiceberg.expressions import BooleanExpression
+from pyiceberg.io.pyarrow import (
+    compute_statistics_plan,
+    data_file_statistics_from_parquet_metadata,
+    parquet_path_to_id_mapping,
+    schema_to_pyarrow,
+)
+from pyiceberg.manifest import (
+    DataFile,
+    DataFileContent,
+    FileFormat,
+    ManifestContent,
+    ManifestEntry,
+    ManifestEntryStatus,
+    ManifestWriterV2,
+    write_manifest_list,
+)
+from pyiceberg.schema import Schema
+from pyiceberg.table import Table
+from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
+from pyiceberg.table.snapshots import (
+    Operation,
+    Snapshot,
+    SnapshotSummaryCollector,
+    Summary,
+    update_snapshot_summaries,
+)
+from pyiceberg.table.update import (
+    AddSnapshotUpdate,
+    AssertRefSnapshotId,
+    AssertTableUUID,
+    SetSnapshotRefUpdate,
+)
+from pyiceberg.typedef import Record
+from pyiceberg.types import LongType, NestedField, StringType
+
+from compactor import __version__
+from compactor.compaction import RunResult, compact
+from compactor.settings import SNAPSHOT_PROPERTY_TOOL, resolve_options
+
+# Small targets keep the suite fast; tests override single options where they need to.
+DEFAULT_OPTIONS: dict[str, Any] = {
+    "target_file_size": "1MiB",
+    "allow_small_target": True,
+    "min_input_files": 2,
+    "parallelism": 2,
+}
+
+
+# --------------------------------------------------------------------------------------------
+# Row comparison
+# --------------------------------------------------------------------------------------------
+
+
+def _canon(value: Any) -> Any:
+    """A hashable, equality-faithful form of one value (NaN equals NaN, nested types flattened)."""
+    if isinstance(value, float):
+        return ("float", "nan") if math.isnan(value) else ("float", value)
+    if isinstance(value, dict):  # struct
+        return ("struct", tuple((k, _canon(v)) for k, v in sorted(value.items())))
+    if isinstance(value, list | tuple):  # list, or map as a list of (key, value) pairs
+        return ("seq", tuple(_canon(v) for v in value))
+    return value
+
+
+def row_multiset(data: pa.Table) -> Counter[tuple[Any, ...]]:
+    """Every row of ``data`` as a canonical tuple, counted."""
+    names = data.column_names
+    return Counter(tuple(_canon(row[n]) for n in names) for row in data.to_pylist())
+
+
+def assert_same_rows(before: pa.Table, after: pa.Table) -> None:
+    """The two tables hold exactly the same multiset of rows, under the same schema."""
+    assert after.schema.equals(before.schema), (
+        f"schema changed:\n{before.schema}\n!=\n{after.schema}"
+    )
+    assert after.num_rows == before.num_rows, (
+        f"{before.num_rows} rows before, {after.num_rows} after"
+    )
+    b, a = row_multiset(before), row_multiset(after)
+    if a != b:
+        missing = list((b - a).items())[:5]
+        extra = list((a - b).items())[:5]
+        raise AssertionError(f"rows differ: missing {missing} ... extra {extra} ...")
+
+
+def scan_rows(table: Table, row_filter: str | BooleanExpression | None = None) -> pa.Table:
+    """Everything the current snapshot returns (after deletes), optionally filtered."""
+    if row_filter is None:
+        return table.scan().to_arrow()
+    return table.scan(row_filter=row_filter).to_arrow()
+
+
+# --------------------------------------------------------------------------------------------
+# Snapshot and file inspection
+# --------------------------------------------------------------------------------------------
+
+
+def live_entries(table: Table, snapshot: Snapshot | None = None) -> list[ManifestEntry]:
+    """Live (added or existing) manifest entries of ``snapshot`` (default: current)."""
+    snapshot = snapshot or table.current_snapshot()
+    if snapshot is None:
+        return []
+    return [
+        entry
+        for manifest in snapshot.manifests(table.io)
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True)
+    ]
+
+
+def snapshot_entries(table: Table, snapshot: Snapshot | None = None) -> list[ManifestEntry]:
+    """Every manifest entry of ``snapshot`` (default: current), DELETED ones included."""
+    snapshot = snapshot or table.current_snapshot()
+    assert snapshot is not None
+    return [
+        entry
+        for manifest in snapshot.manifests(table.io)
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=False)
+    ]
+
+
+def live_data_files(table: Table, snapshot: Snapshot | None = None) -> dict[str, DataFile]:
+    """Path -> DataFile of every live data file."""
+    return {
+        e.data_file.file_path: e.data_file
+        for e in live_entries(table, snapshot)
+        if e.data_file.content == DataFileContent.DATA
+    }
+
+
+def live_delete_files(table: Table, snapshot: Snapshot | None = None) -> dict[str, DataFile]:
+    """Path -> DataFile of every live position or equality delete file."""
+    return {
+        e.data_file.file_path: e.data_file
+        for e in live_entries(table, snapshot)
+        if e.data_file.content != DataFileContent.DATA
+    }
+
+
+def records_by_partition(table: Table) -> Counter[tuple[int, Record]]:
+    """(spec id, partition) -> records in live data files (as the manifests record them)."""
+    counts: Counter[tuple[int, Record]] = Counter()
+    for data_file in live_data_files(table).values():
+        counts[(data_file.spec_id, data_file.partition)] += data_file.record_count
+    return counts
+
+
+def files_by_partition(table: Table) -> Counter[tuple[int, Record]]:
+    """(spec id, partition) -> number of live data files."""
+    return Counter((f.spec_id, f.partition) for f in live_data_files(table).values())
+
+
+def assert_manifests_consistent(table: Table) -> None:
+    """Each manifest of the current snapshot tracks one content type, as the spec requires.
+
+    Also checks the manifests' spec ids match their entries'.
+    """
+    snapshot = table.current_snapshot()
+    assert snapshot is not None
+    for manifest in snapshot.manifests(table.io):
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=False):
+            is_data = entry.data_file.content == DataFileContent.DATA
+            expected = ManifestContent.DATA if is_data else ManifestContent.DELETES
+            assert manifest.content == expected, (
+                f"{entry.data_file.content} file {entry.data_file.file_path} "
+                f"is tracked by a {manifest.content} manifest {manifest.manifest_path}"
+            )
+            assert entry.data_file.spec_id == manifest.partition_spec_id
+
+
+def local_path(uri: str) -> Path:
+    """Local filesystem path of a ``file://`` URI (or of a plain path)."""
+    return Path(uri.removeprefix("file://"))
+
+
+def list_files(root: Path) -> dict[str, int]:
+    """Relative path -> size of every file under ``root``, recursively."""
+    return {str(p.relative_to(root)): p.stat().st_size for p in root.rglob("*") if p.is_file()}
+
+
+def read_data_file(table: Table, data_file: DataFile) -> pa.Table:
+    """One data file's contents as written (no schema projection)."""
+    with table.io.new_input(data_file.file_path).open() as stream:
+        return pq.read_table(stream)
+
+
+def assert_rows_match_partition(table: Table, data_file: DataFile) -> None:
+    """Every row of ``data_file`` transforms to the file's partition value under its spec."""
+    spec = table.metadata.specs()[data_file.spec_id]
+    schema = table.schema()
+    contents = read_data_file(table, data_file)
+    for position, field in enumerate(spec.fields):
+        source = schema.find_field(field.source_id)
+        column = contents.column(source.name).combine_chunks()
+        if str(field.transform) == "void":
+            assert data_file.partition[position] is None
+            continue
+        transformed = field.transform.pyarrow_transform(source.field_type)(column)
+        values = set(transformed.to_pylist())
+        assert values == {data_file.partition[position]}, (
+            f"{data_file.file_path}: {field.name} values {values} "
+            f"outside partition {data_file.partition}"
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Running compaction
+# --------------------------------------------------------------------------------------------
+
+
+def run_compaction(
+    catalog: Catalog, identifier: str, *, dry_run: bool = False, **overrides: Any
+) -> tuple[RunResult, Table]:
+    """Compact ``identifier`` with the suite's small defaults (overridable); reload the table."""
+    table = catalog.load_table(identifier)
+    opts = resolve_options(
+        identifier, table.metadata.properties, **{**DEFAULT_OPTIONS, **overrides}
+    )
+    result = compact(table, identifier, opts, dry_run=dry_run)
+    return result, catalog.load_table(identifier)
+
+
+def compact_and_verify(
+    catalog: Catalog, identifier: str, **overrides: Any
+) -> tuple[RunResult, Table, pa.Table]:
+    """Compact and check the invariants every successful run must keep.
+
+    - the scan returns exactly the same multiset of rows;
+    - exactly one new snapshot, a ``replace`` whose parent is the previous head, tagged with
+      ``compactor.version``;
+    - fewer live data files; per (spec, partition) record totals unchanged but for deletes;
+    - every manifest tracks a single content type.
+
+    Returns the run result, the reloaded table and the rows scanned before compaction.
+    """
+    table = catalog.load_table(identifier)
+    before_snapshot = table.current_snapshot()
+    assert before_snapshot is not None
+    before_rows = scan_rows(table)
+    before_files = live_data_files(table)
+    before_records = records_by_partition(table)
+    before_snapshots = len(table.metadata.snapshots)
+
+    result, table = run_compaction(catalog, identifier, **overrides)
+
+    snapshot = table.current_snapshot()
+    assert snapshot is not None
+    summary = result.to_dict()
+    assert summary["snapshot_id"] == snapshot.snapshot_id
+    assert len(table.metadata.snapshots) == before_snapshots + 1
+    assert snapshot.parent_snapshot_id == before_snapshot.snapshot_id
+    assert snapshot.summary is not None
+    assert snapshot.summary.operation == Operation.REPLACE
+    assert snapshot.summary.additional_properties[SNAPSHOT_PROPERTY_TOOL] == __version__
+
+    after_files = live_data_files(table)
+    assert len(after_files) < len(before_files)
+    assert summary["rewritten_files"] > 0
+    assert summary["added_files"] > 0
+    assert (
+        len(after_files) == len(before_files) - summary["rewritten_files"] + summary["added_files"]
+    )
+    # Per partition, records only drop by the rows position deletes removed.
+    expected_records = Counter(before_records)
+    for group_result in result.committed:
+        key = (group_result.group.spec_id, group_result.group.partition)
+        expected_records[key] -= group_result.rows_deleted
+    assert records_by_partition(table) == +expected_records
+    assert_manifests_consistent(table)
+    assert_same_rows(before_rows, scan_rows(table))
+    # The snapshot summary totals agree with the manifests.
+    assert int(snapshot.summary.additional_properties["total-data-files"]) == len(after_files)
+    assert int(snapshot.summary.additional_properties["total-records"]) == sum(
+        f.record_count for f in after_files.values()
+    )
+    return result, table, before_rows
+
+
+def new_data_files(before: Table, after: Table) -> list[DataFile]:
+    """Data files live in ``after`` that were not live in ``before``."""
+    old = live_data_files(before)
+    return [f for path, f in live_data_files(after).items() if path not in old]
+
+
+# --------------------------------------------------------------------------------------------
+# Merge-on-read deletes (pyiceberg 0.12 cannot write them)
+# --------------------------------------------------------------------------------------------
+
+# The spec's position delete schema (pyiceberg's POSITIONAL_DELETE_SCHEMA types ``pos`` as int).
+POSITION_DELETE_SCHEMA = Schema(
+    NestedField(2147483546, "file_path", StringType(), required=True),
+    NestedField(2147483545, "pos", LongType(), required=True),
+)
+
+
+class DeleteManifestWriterV2(ManifestWriterV2):
+    """pyiceberg's v2 manifest writer, tracking delete files (content ``deletes``)."""
+
+    def content(self) -> ManifestContent:
+        return ManifestContent.DELETES
+
+    @property
+    def _meta(self) -> dict[str, str]:
+        return {**super()._meta, "content": "deletes"}
+
+
+def _write_parquet(table: Table, data: pa.Table, name: str) -> tuple[str, int, pq.FileMetaData]:
+    path = table.location_provider().new_data_location(name)
+    with table.io.new_output(path).create(overwrite=False) as stream:
+        writer = pq.ParquetWriter(stream, data.schema)
+        writer.write_table(data)
+        writer.close()
+        metadata = writer.writer.metadata
+    return path, len(table.io.new_input(path)), metadata
+
+
+def write_position_delete_file(
+    table: Table, deletes: Mapping[DataFile, Iterable[int]], *, path_bounds: bool = True
+) -> DataFile:
+    """Write a Parquet position delete file deleting ``positions`` of each data file.
+
+    All data files must share one spec and partition. With ``path_bounds`` the file carries
+    ``file_path`` bounds (as Java writes them), otherwise it applies partition-wide by metrics.
+    """
+    files = list(deletes)
+    assert files, "no data files given"
+    spec_ids = {f.spec_id for f in files}
+    partitions = {f.partition for f in files}
+    assert len(spec_ids) == 1 and len(partitions) == 1, "delete file must cover one partition"
+    rows = sorted((f.file_path, int(p)) for f in files for p in deletes[f])
+    arrow_schema = schema_to_pyarrow(POSITION_DELETE_SCHEMA, include_field_ids=True)
+    data = pa.table(
+        {"file_path": [r[0] for r in rows], "pos": [r[1] for r in rows]}, schema=arrow_schema
+    )
+    path, size, metadata = _write_parquet(table, data, f"pos-deletes-{uuid.uuid4().hex}.parquet")
+    stats = data_file_statistics_from_parquet_metadata(
+        parquet_metadata=metadata,
+        stats_columns=compute_statistics_plan(POSITION_DELETE_SCHEMA, {}),
+        parquet_column_mapping=parquet_path_to_id_mapping(POSITION_DELETE_SCHEMA),
+    ).to_serialized_dict()
+    if not path_bounds:
+        for key in ("lower_bounds", "upper_bounds"):
+            stats[key] = {k: v for k, v in stats[key].items() if k != 2147483546}
+    delete_file = DataFile.from_args(
+        content=DataFileContent.POSITION_DELETES,
+        file_path=path,
+        file_format=FileFormat.PARQUET,
+        partition=files[0].partition,
+        file_size_in_bytes=size,
+        sort_order_id=None,
+        equality_ids=None,
+        key_metadata=None,
+        **stats,
+    )
+    delete_file.spec_id = files[0].spec_id
+    return delete_file
+
+
+def write_equality_delete_file(
+    table: Table,
+    columns: Sequence[str],
+    rows: Sequence[tuple[Any, ...]],
+    *,
+    spec_id: int,
+    partition: Record,
+) -> DataFile:
+    """Write a Parquet equality delete file on ``columns`` (table column names)."""
+    schema = table.schema()
+    fields = [schema.find_field(name) for name in columns]
+    delete_schema = Schema(*fields)
+    arrow_schema = schema_to_pyarrow(delete_schema, include_field_ids=True)
+    data = pa.table(
+        {name: [r[i] for r in rows] for i, name in enumerate(columns)}, schema=arrow_schema
+    )
+    path, size, metadata = _write_parquet(table, data, f"eq-deletes-{uuid.uuid4().hex}.parquet")
+    stats = data_file_statistics_from_parquet_metadata(
+        parquet_metadata=metadata,
+        stats_columns=compute_statistics_plan(delete_schema, {}),
+        parquet_column_mapping=parquet_path_to_id_mapping(delete_schema),
+    ).to_serialized_dict()
+    delete_file = DataFile.from_args(
+        content=DataFileContent.EQUALITY_DELETES,
+        file_path=path,
+        file_format=FileFormat.PARQUET,
+        partition=partition,
+        file_size_in_bytes=size,
+        sort_order_id=None,
+        equality_ids=[f.field_id for f in fields],
+        key_metadata=None,
+        **stats,
+    )
+    delete_file.spec_id = spec_id
+    return delete_file
+
+
+def commit_delete_files(
+    table: Table, delete_files: Sequence[DataFile], operation: Operation = Operation.DELETE
+) -> Table:
+    """Commit ``delete_files`` in a new snapshot on main (v2 tables); returns the refreshed table.
+
+    Carries the head's manifests over, adds one delete manifest per spec, assigns the next
+    sequence number, and commits with the same requirements pyiceberg's own writes use.
+    """
+    metadata = table.metadata
+    assert metadata.format_version == 2, "merge-on-read deletes need format version 2"
+    head = table.current_snapshot()
+    assert head is not None
+    snapshot_id = metadata.new_snapshot_id()
+    sequence_number = metadata.next_sequence_number()
+    commit_uuid = uuid.uuid4()
+    locations = table.location_provider()
+    by_spec: dict[int, list[DataFile]] = {}
+    for delete_file in delete_files:
+        assert delete_file.content != DataFileContent.DATA
+        by_spec.setdefault(delete_file.spec_id, []).append(delete_file)
+
+    new_manifests = []
+    for index, (spec_id, files) in enumerate(sorted(by_spec.items())):
+        output = table.io.new_output(
+            locations.new_metadata_location(f"{commit_uuid}-d{index}.avro")
+        )
+        with DeleteManifestWriterV2(
+            spec=metadata.specs()[spec_id],
+            schema=metadata.schema(),
+            output_file=output,
+            snapshot_id=snapshot_id,
+            avro_compression="deflate",
+        ) as writer:
+            for delete_file in files:
+                writer.add_entry(
+                    ManifestEntry.from_args(
+                        status=ManifestEntryStatus.ADDED,
+                        snapshot_id=snapshot_id,
+                        sequence_number=None,
+                        file_sequence_number=None,
+                        data_file=delete_file,
+                    )
+                )
+        new_manifests.append(writer.to_manifest_file())
+
+    manifest_list = locations.new_metadata_location(f"snap-{snapshot_id}-0-{commit_uuid}.avro")
+    with write_manifest_list(
+        format_version=2,
+        output_file=table.io.new_output(manifest_list),
+        snapshot_id=snapshot_id,
+        parent_snapshot_id=head.snapshot_id,
+        sequence_number=sequence_number,
+        avro_compression="deflate",
+    ) as list_writer:
+        list_writer.add_manifests(head.manifests(table.io) + new_manifests)
+
+    collector = SnapshotSummaryCollector()
+    for delete_file in delete_files:
+        collector.add_file(
+            delete_file,
+            schema=metadata.schema(),
+            partition_spec=metadata.specs()[delete_file.spec_id],
+        )
+    summary = update_snapshot_summaries(
+        Summary(operation=operation, **collector.build()),
+        previous_summary=head.summary.additional_properties if head.summary else None,
+    )
+    snapshot = Snapshot(
+        snapshot_id=snapshot_id,
+        parent_snapshot_id=head.snapshot_id,
+        sequence_number=sequence_number,
+        manifest_list=manifest_list,
+        summary=summary,
+        schema_id=metadata.current_schema_id,
+    )
+    table.catalog.commit_table(
+        table,
+        (
+            AssertTableUUID(uuid=metadata.table_uuid),
+            AssertRefSnapshotId(ref=MAIN_BRANCH, snapshot_id=head.snapshot_id),
+        ),
+        (
+            AddSnapshotUpdate(snapshot=snapshot),
+            SetSnapshotRefUpdate(
+                ref_name=MAIN_BRANCH,
+                type=SnapshotRefType.BRANCH,
+                snapshot_id=snapshot_id,
+                parent_snapshot_id=head.snapshot_id,
+            ),
+        ),
+    )
+    table.refresh()
+    return table

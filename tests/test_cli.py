@@ -1,0 +1,427 @@
+"""The ``compactor`` console script, run as a subprocess against real catalogs and warehouses.
+
+Every run gets its own environment: ``COMPACTOR_HOME``, ``HOME`` and ``PYICEBERG_HOME`` point at
+the test's directory (so no user configuration leaks in), no stdin, and no terminal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pyiceberg.catalog
+import pytest
+from pyiceberg.catalog import Catalog, load_catalog
+from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Operation
+from pyiceberg.utils.config import Config
+
+from compactor import __version__
+from compactor.catalogs import embedded_catalog
+from compactor.sample import REGIONS, create_events_table
+from compactor.sizes import format_size
+
+COMPACTOR = Path(sys.executable).parent / "compactor"
+TABLE = "db.events"
+COMMITS, ROWS_PER_COMMIT, DAYS = 8, 500, 3
+# Every commit writes one file into each (day, region) partition.
+PARTITIONS = [
+    f"ts_day=2026-01-0{day}/region={region}" for day in range(1, DAYS + 1) for region in REGIONS
+]
+DATA_FILES = COMMITS * len(PARTITIONS)
+# A target small enough for the sample table's kilobyte-sized files to be worth compacting.
+SMALL_TARGET = ("--target-file-size", "1MiB", "--allow-small-target", "--min-input-files", "2")
+# Variables that would change what the CLI reads or how rich renders its output.
+LEAKY_VARIABLES = ("COLUMNS", "LINES", "FORCE_COLOR", "NO_COLOR", "TTY_COMPATIBLE", "XDG_DATA_HOME")
+
+
+# --- running the CLI -----------------------------------------------------------------------
+
+
+def cli_env(home: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The parent's environment without any catalog or compactor settings, rooted at ``home``."""
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if not name.upper().startswith(("PYICEBERG_", "COMPACTOR_")) and name not in LEAKY_VARIABLES
+    }
+    env.update(COMPACTOR_HOME=str(home), HOME=str(home), PYICEBERG_HOME=str(home))
+    env.update(extra or {})
+    return env
+
+
+def compactor(
+    home: Path, *args: str, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run the installed ``compactor`` script in ``home`` and capture what it prints."""
+    return subprocess.run(
+        [str(COMPACTOR), *args],
+        cwd=home,  # pyiceberg also reads .pyiceberg.yaml from the working directory
+        env=cli_env(home, env),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+
+
+def run_table(
+    home: Path, *args: str, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``compactor run --table db.events ARGS``."""
+    return compactor(home, "run", "--table", TABLE, *args, env=env)
+
+
+# --- catalogs, tables and files --------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def _isolated_pyiceberg(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """In-process pyiceberg must not read the user's configuration either."""
+    for name in list(os.environ):
+        if name.upper().startswith(("PYICEBERG_", "COMPACTOR_")):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("PYICEBERG_HOME", str(tmp_path))
+    monkeypatch.setenv("COMPACTOR_HOME", str(tmp_path))
+
+
+def embedded(home: Path) -> SqlCatalog:
+    """The embedded catalog the CLI opens when ``COMPACTOR_HOME`` is ``home``."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("COMPACTOR_HOME", str(home))
+        return embedded_catalog()
+
+
+def make_events_table(home: Path) -> Path:
+    create_events_table(
+        embedded(home), TABLE, commits=COMMITS, rows_per_commit=ROWS_PER_COMMIT, days=DAYS
+    )
+    return home
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    """A COMPACTOR_HOME of this test alone, holding ``db.events`` in 96 small files."""
+    return make_events_table(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def shared_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One ``db.events`` for the tests whose runs must change nothing (each checks that)."""
+    path = tmp_path_factory.mktemp("shared")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HOME", str(path))
+        mp.setenv("PYICEBERG_HOME", str(path))
+        return make_events_table(path)
+
+
+def load(home: Path) -> Table:
+    return embedded(home).load_table(TABLE)
+
+
+def snapshot_ids(table: Table) -> list[int]:
+    return [s.snapshot_id for s in table.metadata.snapshots]
+
+
+def data_files(table: Table) -> list[tuple[Path, int]]:
+    """Local path and size of every live data file."""
+    files = table.inspect.files().to_pylist()
+    return [(Path(urlparse(f["file_path"]).path), f["file_size_in_bytes"]) for f in files]
+
+
+def listing(root: Path) -> dict[str, int]:
+    """Every file under ``root`` with its size."""
+    return {str(p.relative_to(root)): p.stat().st_size for p in root.rglob("*") if p.is_file()}
+
+
+def assert_replace_snapshot(table: Table, snapshot_id: int, parent_id: int) -> None:
+    current = table.current_snapshot()
+    assert current is not None
+    assert current.snapshot_id == snapshot_id
+    assert current.parent_snapshot_id == parent_id
+    assert current.summary is not None
+    assert current.summary.operation == Operation.REPLACE
+
+
+def assert_one_error_line(
+    result: subprocess.CompletedProcess[str], exit_code: int, *culprits: str
+) -> str:
+    """Exactly one ``error:`` line on stderr naming every culprit, no traceback, nothing on stdout."""
+    assert result.returncode == exit_code, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: "), result.stderr
+    for culprit in culprits:
+        assert culprit in lines[0]
+    assert result.stdout == ""
+    return lines[0]
+
+
+class Untouched:
+    """Records a table's snapshots and its warehouse; ``check`` asserts neither changed."""
+
+    def __init__(self, home: Path) -> None:
+        self.home, self.warehouse = home, home / "warehouse"
+        self.snapshots = snapshot_ids(load(home))
+        self.files = listing(self.warehouse)
+
+    def check(self) -> None:
+        assert snapshot_ids(load(self.home)) == self.snapshots
+        assert listing(self.warehouse) == self.files
+
+
+# --- run -------------------------------------------------------------------------------------
+
+
+def test_run_json_commits_one_replace_snapshot_then_finds_nothing_to_do(home: Path) -> None:
+    start = load(home)
+    start_id = start.metadata.current_snapshot_id
+    assert start_id is not None
+    input_bytes = sum(size for _, size in data_files(start))
+
+    result = run_table(home, *SMALL_TARGET, "--json")
+
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["table"] == TABLE
+    assert type(report["snapshot_id"]) is int
+    assert report["groups"] == len(PARTITIONS)
+    assert report["rewritten_files"] == DATA_FILES
+    assert report["rewritten_bytes"] == input_bytes
+    assert 0 < report["added_files"] < report["rewritten_files"]
+    assert report["added_bytes"] > 0
+    assert isinstance(report["duration_s"], int | float) and report["duration_s"] >= 0
+    table = load(home)
+    assert_replace_snapshot(table, report["snapshot_id"], start_id)
+    assert len(data_files(table)) == report["added_files"]
+    assert sum(size for _, size in data_files(table)) == report["added_bytes"]
+
+    again = run_table(home, *SMALL_TARGET, "--json")
+
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["snapshot_id"] is None
+    assert snapshot_ids(load(home)) == snapshot_ids(table)
+
+
+def test_dry_run_prints_the_plan_and_writes_nothing_then_run_names_its_snapshot(
+    home: Path,
+) -> None:
+    before = Untouched(home)
+    input_bytes = sum(size for _, size in data_files(load(home)))
+
+    dry = run_table(home, *SMALL_TARGET, "--dry-run")
+
+    assert dry.returncode == 0, dry.stderr
+    assert dry.stderr == ""
+    for heading in ("group", "partition", "input files", "input bytes", "expected outputs"):
+        assert heading in dry.stdout
+    for partition in PARTITIONS:
+        assert partition in dry.stdout
+    totals = f"{DATA_FILES} files ({format_size(input_bytes)}) in {len(PARTITIONS)} groups"
+    assert totals in dry.stdout
+    before.check()
+
+    result = run_table(home, *SMALL_TARGET)
+
+    assert result.returncode == 0, result.stderr
+    table = load(home)
+    current = table.current_snapshot()
+    assert current is not None and current.snapshot_id not in before.snapshots
+    assert_replace_snapshot(table, current.snapshot_id, before.snapshots[-1])
+    assert f"snapshot {current.snapshot_id}" in result.stdout
+    assert not result.stdout.lstrip().startswith("{")
+
+
+# --- inspect ---------------------------------------------------------------------------------
+
+
+def test_inspect_reports_file_layout_as_json_and_as_a_table(shared_home: Path) -> None:
+    files = data_files(load(shared_home))
+    data_bytes = sum(size for _, size in files)
+
+    result = compactor(shared_home, "inspect", "--table", TABLE, "--json")
+
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["data_files"] == len(files) == DATA_FILES
+    assert report["data_bytes"] == data_bytes
+    assert report["average_file_size"] == round(data_bytes / len(files))
+    assert report["small_files"] == DATA_FILES  # kilobytes each, against the default 512 MiB
+
+    # The embedded catalog also answers to its name, as error messages call it.
+    human = compactor(shared_home, "inspect", "--table", TABLE, "--catalog", "default")
+
+    assert human.returncode == 0, human.stderr
+    rows = {line.split("│")[1].strip(): line for line in human.stdout.splitlines() if "│" in line}
+    assert str(DATA_FILES) in rows["data files"]
+    assert format_size(data_bytes) in rows["data bytes"]
+    assert "average file size" in rows
+    assert any(name.startswith("small files") for name in rows)
+    for partition in sorted(PARTITIONS)[:10]:  # most small files first, then by name
+        assert partition in rows
+
+
+# --- bad input -------------------------------------------------------------------------------
+
+RUN = ("run", "--table", TABLE)
+USAGE_ERRORS = {
+    "unknown catalog": ((*RUN, *SMALL_TARGET, "--catalog", "nope"), ("'nope'",)),
+    "unknown namespace": (
+        ("run", "--table", "nope.events", *SMALL_TARGET),
+        ("nope.events", "namespace 'nope'"),
+    ),
+    "unknown table": (("run", "--table", "db.nope", *SMALL_TARGET), ("db.nope",)),
+    "malformed filter": (
+        (*RUN, *SMALL_TARGET, "--where", "event_id >>> 3"),
+        ("--where", "event_id >>> 3"),
+    ),
+    "filter on an unknown column": (
+        (*RUN, *SMALL_TARGET, "--where", "nope = 3"),
+        ("--where", "nope"),
+    ),
+    "target below the minimum": (
+        (*RUN, "--target-file-size", "1MB"),
+        ("--target-file-size", "1MB", "--allow-small-target"),
+    ),
+    "target above the maximum": (
+        (*RUN, "--target-file-size", "1GiB", "--allow-small-target"),
+        ("--target-file-size", "1GiB"),
+    ),
+    "unparsable size": (
+        (*RUN, "--target-file-size", "12 parsecs"),
+        ("--target-file-size", "12 parsecs"),
+    ),
+    "table without namespace": (("run", "--table", "events", *SMALL_TARGET), ("'events'",)),
+    "inspect of an unknown table": (("inspect", "--table", "db.nope"), ("db.nope",)),
+}
+
+
+@pytest.mark.parametrize(("args", "culprits"), USAGE_ERRORS.values(), ids=USAGE_ERRORS.keys())
+def test_bad_input_is_one_error_line_with_exit_code_2(
+    shared_home: Path, args: tuple[str, ...], culprits: tuple[str, ...]
+) -> None:
+    before = Untouched(shared_home)
+
+    result = compactor(shared_home, *args)
+
+    assert_one_error_line(result, 2, *culprits)
+    before.check()
+
+
+def test_unreadable_pyiceberg_yaml_is_one_error_line_naming_the_file(
+    shared_home: Path, tmp_path: Path
+) -> None:
+    config = tmp_path / ".pyiceberg.yaml"
+    config.write_text("catalog:\n  lake:\n    type: sql\n   uri: sqlite:///x.db\n")
+    before = Untouched(shared_home)
+
+    result = run_table(shared_home, *SMALL_TARGET, env={"PYICEBERG_HOME": str(tmp_path)})
+
+    assert_one_error_line(result, 2, str(config), "line 4")
+    before.check()
+
+
+def test_missing_data_file_fails_with_exit_1_and_verbose_shows_the_traceback(home: Path) -> None:
+    missing, _ = data_files(load(home))[0]
+    missing.unlink()
+    before = Untouched(home)
+
+    result = run_table(home, *SMALL_TARGET, "--json")
+
+    assert_one_error_line(result, 1, str(missing))
+    before.check()
+
+    verbose = compactor(home, "--verbose", "run", "--table", TABLE, *SMALL_TARGET, "--json")
+
+    assert verbose.returncode == 1
+    assert "Traceback (most recent call last)" in verbose.stderr
+    last = verbose.stderr.splitlines()[-1]
+    assert last.startswith("error: ") and str(missing) in last
+    assert verbose.stdout == ""
+    before.check()
+
+
+def test_corrupt_data_file_fails_with_exit_1_and_commits_nothing(home: Path) -> None:
+    corrupt, _ = data_files(load(home))[-1]
+    corrupt.write_bytes(b"this is not a parquet file\n" * 100)
+    before = Untouched(home)
+
+    result = run_table(home, *SMALL_TARGET)
+
+    assert_one_error_line(result, 1, str(corrupt))
+    before.check()
+
+
+# --- catalogs configured the pyiceberg way ---------------------------------------------------
+
+
+def assert_cli_compacts(home: Path, catalog: Catalog, name: str, env: Mapping[str, str]) -> None:
+    create_events_table(catalog, TABLE, commits=3, rows_per_commit=200, days=DAYS)
+    start_id = catalog.load_table(TABLE).metadata.current_snapshot_id
+    assert start_id is not None
+
+    result = run_table(home, "--catalog", name, *SMALL_TARGET, "--json", env=env)
+
+    assert result.returncode == 0, result.stderr
+    snapshot_id = json.loads(result.stdout)["snapshot_id"]
+    assert type(snapshot_id) is int
+    assert_replace_snapshot(catalog.load_table(TABLE), snapshot_id, start_id)
+    assert not (home / "catalog.db").exists()  # the embedded catalog was never opened
+
+
+def test_catalog_from_environment_variables(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = {
+        "PYICEBERG_CATALOG__LAKE__TYPE": "sql",
+        "PYICEBERG_CATALOG__LAKE__URI": f"sqlite:///{tmp_path}/lake.db",
+        "PYICEBERG_CATALOG__LAKE__WAREHOUSE": f"file://{tmp_path}/lakewh",
+    }
+    for variable, value in env.items():
+        monkeypatch.setenv(variable, value)
+    monkeypatch.setattr(pyiceberg.catalog, "_ENV_CONFIG", Config())  # read once, on import
+
+    assert_cli_compacts(tmp_path, load_catalog("lake"), "lake", env)
+
+
+def test_catalog_from_pyiceberg_yaml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / ".pyiceberg.yaml").write_text(
+        "catalog:\n"
+        "  lake:\n"
+        "    type: sql\n"
+        f"    uri: sqlite:///{tmp_path}/lake.db\n"
+        f"    warehouse: {(tmp_path / 'lakewh').as_uri()}\n"
+    )
+    monkeypatch.setattr(pyiceberg.catalog, "_ENV_CONFIG", Config())  # read once, on import
+
+    assert_cli_compacts(tmp_path, load_catalog("lake"), "lake", {})
+
+
+# --- help ------------------------------------------------------------------------------------
+
+
+def test_help(tmp_path: Path) -> None:
+    top = compactor(tmp_path, "--help")
+
+    assert top.returncode == 0, top.stderr
+    assert "run" in top.stdout and "inspect" in top.stdout
+
+    run = compactor(tmp_path, "run", "--help")
+
+    assert run.returncode == 0, run.stderr
+    for option in ("--target-file-size", "--where", "--dry-run", "--json"):
+        assert option in run.stdout
+
+    version = compactor(tmp_path, "--version")
+
+    assert version.returncode == 0, version.stderr
+    assert version.stdout.strip() == f"compactor {__version__}"
