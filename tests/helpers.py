@@ -31,7 +31,6 @@ from pyiceberg.manifest import (
     ManifestContent,
     ManifestEntry,
     ManifestEntryStatus,
-    ManifestWriterV2,
     write_manifest_list,
 )
 from pyiceberg.schema import Schema
@@ -55,6 +54,7 @@ from pyiceberg.types import LongType, NestedField, StringType
 
 from compactor import __version__
 from compactor.compaction import RunResult, compact
+from compactor.pyiceberg_compat import manifest_writer
 from compactor.settings import SNAPSHOT_PROPERTY_TOOL, resolve_options
 
 # Small targets keep the suite fast; tests override single options where they need to.
@@ -312,17 +312,6 @@ POSITION_DELETE_SCHEMA = Schema(
 )
 
 
-class DeleteManifestWriterV2(ManifestWriterV2):
-    """pyiceberg's v2 manifest writer, tracking delete files (content ``deletes``)."""
-
-    def content(self) -> ManifestContent:
-        return ManifestContent.DELETES
-
-    @property
-    def _meta(self) -> dict[str, str]:
-        return {**super()._meta, "content": "deletes"}
-
-
 def _write_parquet(table: Table, data: pa.Table, name: str) -> tuple[str, int, pq.FileMetaData]:
     path = table.location_provider().new_data_location(name)
     with table.io.new_output(path).create(overwrite=False) as stream:
@@ -438,12 +427,14 @@ def commit_delete_files(
         output = table.io.new_output(
             locations.new_metadata_location(f"{commit_uuid}-d{index}.avro")
         )
-        with DeleteManifestWriterV2(
-            spec=metadata.specs()[spec_id],
-            schema=metadata.schema(),
-            output_file=output,
-            snapshot_id=snapshot_id,
-            avro_compression="deflate",
+        with manifest_writer(
+            ManifestContent.DELETES,
+            2,
+            metadata.specs()[spec_id],
+            metadata.schema(),
+            output,
+            snapshot_id,
+            "deflate",
         ) as writer:
             for delete_file in files:
                 writer.add_entry(
