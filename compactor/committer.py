@@ -176,9 +176,12 @@ def find_conflicts(
 class _Attempt:
     """One try at writing the new snapshot's manifests and manifest list."""
 
-    def __init__(self, table: Table, snapshot_id: int) -> None:
+    def __init__(
+        self, table: Table, snapshot_id: int, on_file: Callable[[list[str]], None] | None
+    ) -> None:
         self.table = table
         self.snapshot_id = snapshot_id
+        self._on_file = on_file
         self.commit_uuid = uuid.uuid4()
         self.written: list[str] = []
         self._locations = table.location_provider()
@@ -188,6 +191,8 @@ class _Attempt:
 
     def _output(self, name: str):
         path = self._locations.new_metadata_location(name)
+        if self._on_file:
+            self._on_file([path])
         self.written.append(path)
         return self.table.io.new_output(path)
 
@@ -344,10 +349,12 @@ def commit_replace(
     snapshot_properties: dict[str, str],
     retry: RetryPolicy | None = None,
     sleep: Callable[[float], None] = time.sleep,
+    on_file: Callable[[list[str]], None] | None = None,
 ) -> CommitOutcome:
     """Commit ``results`` as one ``replace`` snapshot on main; refused groups are reported, not raised.
 
     The caller owns the output files of refused groups (``outcome.conflicts``) and deletes them.
+    ``on_file`` is told of every metadata file before it is written (for crash recovery).
     """
     retry = retry or RetryPolicy.for_table(table)
     outcome = CommitOutcome()
@@ -369,7 +376,7 @@ def commit_replace(
         if not pending or head is None:
             return outcome
 
-        attempt = _Attempt(table, snapshot_id)
+        attempt = _Attempt(table, snapshot_id, on_file)
         try:
             snapshot = _write_snapshot(
                 attempt, plan, head, pending, known_manifests, outcome, snapshot_properties

@@ -1,11 +1,17 @@
-"""One compaction run: plan, rewrite groups in parallel, commit one ``replace`` snapshot."""
+"""One compaction run: take the table's lease, plan, rewrite groups in parallel, commit.
+
+Without partial progress the run is all or nothing: a failed group aborts it, and nothing is
+committed. With ``commit_every`` set, finished groups are committed in batches as the run goes,
+and a failed group fails alone. Either way every file the run wrote and did not commit is
+deleted before it returns, and the lease's run record covers a crash.
+"""
 
 from __future__ import annotations
 
 import threading
 import time
 import uuid
-from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -14,9 +20,12 @@ from pyiceberg.table import Table
 from compactor import __version__
 from compactor.committer import CommitOutcome, commit_replace
 from compactor.errors import CommitConflictError, CompactorError
+from compactor.inflight import RunLease
 from compactor.planner import FileGroup, InputFile, Plan, plan_rewrite
 from compactor.rewriter import GroupResult, delete_files, rewrite_group
 from compactor.settings import SNAPSHOT_PROPERTY_TOOL, RewriteOptions
+
+ERROR, CONFLICT, CANCELLED = "error", "conflict", "cancelled"
 
 
 class Progress(Protocol):
@@ -27,7 +36,16 @@ class Progress(Protocol):
 
 
 class RunCancelled(CompactorError):
-    """The run was interrupted; nothing was committed."""
+    """The run was asked to stop before this group finished."""
+
+
+@dataclass(frozen=True)
+class GroupFailure:
+    """A group that was not committed: ``kind`` is error, conflict or cancelled."""
+
+    group_id: int
+    kind: str
+    reason: str
 
 
 @dataclass
@@ -36,46 +54,171 @@ class RunResult:
 
     table: str
     plan: Plan
+    run_id: str
     dry_run: bool = False
-    outcome: CommitOutcome | None = None
+    commits: list[CommitOutcome] = field(default_factory=list)
+    failures: list[GroupFailure] = field(default_factory=list)
+    recovered_files: list[str] = field(default_factory=list)
+    stopped: bool = False
     duration_s: float = 0.0
-    run_id: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def committed(self) -> list[GroupResult]:
-        return self.outcome.committed if self.outcome else []
+        return [r for c in self.commits for r in c.committed]
+
+    @property
+    def snapshot_ids(self) -> list[int]:
+        return [c.snapshot_id for c in self.commits if c.snapshot_id is not None]
+
+    @property
+    def errors(self) -> list[GroupFailure]:
+        return [f for f in self.failures if f.kind == ERROR]
 
     def to_dict(self) -> dict[str, Any]:
         committed = self.committed
         rewritten = [f for r in committed for f in r.group.files]
         added = [d for r in committed for d in r.data_files]
-        conflicts = self.outcome.conflicts if self.outcome else {}
         return {
             "table": self.table,
             "dry_run": self.dry_run,
             "run_id": self.run_id,
             "start_snapshot_id": self.plan.snapshot_id,
-            "snapshot_id": self.outcome.snapshot_id if self.outcome else None,
+            "snapshot_id": self.snapshot_ids[-1] if self.snapshot_ids else None,
+            "snapshot_ids": self.snapshot_ids,
             "groups": len(self.plan.groups),
             "committed_groups": len(committed),
-            "failed_groups": [
-                {"group_id": gid, "reason": why} for gid, why in sorted(conflicts.items())
-            ],
+            "failed_groups": [vars(f) for f in sorted(self.failures, key=lambda f: f.group_id)],
             "rewritten_files": len(rewritten),
             "rewritten_bytes": sum(f.size for f in rewritten),
-            "rewritten_delete_files": len(self.outcome.removed_delete_files) if self.outcome else 0,
+            "rewritten_delete_files": sum(len(c.removed_delete_files) for c in self.commits),
             "added_files": len(added),
             "added_bytes": sum(d.file_size_in_bytes for d in added),
             "records": sum(r.records_read for r in committed),
             "deleted_rows_applied": sum(r.rows_deleted for r in committed),
+            "recovered_files": len(self.recovered_files),
+            "stopped": self.stopped,
             "duration_s": round(self.duration_s, 3),
             "plan": self.plan.summary(),
         }
 
 
-def _file_prefix(run_id: str, group: FileGroup) -> str:
-    return f"compactor-{run_id}-g{group.group_id:04d}"
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+class _Runner:
+    """Rewrites a plan's groups and commits them in batches; owns cleanup of uncommitted files."""
+
+    def __init__(
+        self,
+        table: Table,
+        result: RunResult,
+        options: RewriteOptions,
+        lease: RunLease,
+        progress: Progress | None,
+        stop: threading.Event,
+    ) -> None:
+        self.table, self.result, self.options = table, result, options
+        self.plan = result.plan
+        self.lease, self.progress, self.stop = lease, progress, stop
+        self._lock = threading.Lock()
+        self._created: list[str] = []
+        self._committed: set[str] = set()
+
+    def run(self) -> list[str]:
+        """Run to the end; returns paths that could not be cleaned up (empty when all is well)."""
+        try:
+            self._rewrite_and_commit()
+        finally:
+            leftovers = [p for p in self._created if p not in self._committed]
+            undeleted = delete_files(self.table.io, leftovers)
+        return undeleted
+
+    def _on_created(self, path: str) -> None:
+        self.lease.add_files([path])
+        with self._lock:
+            self._created.append(path)
+
+    def _on_file_done(self, f: InputFile) -> None:
+        if self.progress:
+            with self._lock:
+                self.progress.advance(f.size)
+        if self.stop.is_set():
+            raise RunCancelled(f"table {self.plan.table}: stopped before this group finished")
+
+    def _run_group(self, group: FileGroup) -> GroupResult:
+        if self.stop.is_set():
+            raise RunCancelled(f"table {self.plan.table}: stopped before this group started")
+        return rewrite_group(
+            group,
+            self.table.metadata,
+            self.table.io,
+            row_group_size=self.options.row_group_size,
+            read_ahead=self.options.read_ahead,
+            file_prefix=f"compactor-{self.result.run_id}-g{group.group_id:04d}",
+            on_file_done=self._on_file_done,
+            on_file_created=self._on_created,
+        )
+
+    def _rewrite_and_commit(self) -> None:
+        batch_size = self.options.commit_batch_size(len(self.plan.groups))
+        finished: list[GroupResult] = []
+        with ThreadPoolExecutor(self.options.parallelism, thread_name_prefix="rewrite") as pool:
+            futures: dict[Future[GroupResult], FileGroup] = {
+                pool.submit(self._run_group, g): g for g in self.plan.groups
+            }
+            try:
+                for future in as_completed(futures):
+                    group, error = futures[future], future.exception()
+                    if error is None:
+                        finished.append(future.result())
+                        if len(finished) >= batch_size:
+                            self._commit(finished)
+                            finished = []
+                    elif isinstance(error, RunCancelled):
+                        self._fail(group.group_id, CANCELLED, error)
+                    elif self.options.partial_progress and isinstance(error, CompactorError):
+                        self._fail(group.group_id, ERROR, error)
+                    else:
+                        raise error
+                if finished:
+                    self._commit(finished)
+            except BaseException:
+                self.stop.set()
+                for future in futures:
+                    future.cancel()
+                raise
+        self.result.stopped = self.stop.is_set()
+
+    def _fail(self, group_id: int, kind: str, error: BaseException) -> None:
+        self.result.failures.append(GroupFailure(group_id, kind, _first_line(error)))
+
+    def _commit(self, batch: list[GroupResult]) -> None:
+        if self.lease.lost:
+            raise CommitConflictError(
+                f"table {self.plan.table}: this run lost its lease; not committing"
+            )
+        properties = {SNAPSHOT_PROPERTY_TOOL: __version__, "compactor.run-id": self.result.run_id}
+        try:
+            outcome = commit_replace(
+                self.table, self.plan, batch, properties, on_file=self.lease.add_files
+            )
+        except CommitConflictError as exc:
+            if not self.options.partial_progress:
+                raise
+            for r in batch:
+                self._fail(r.group.group_id, CONFLICT, exc)
+            return
+        for group_id, reason in sorted(outcome.conflicts.items()):
+            self.result.failures.append(GroupFailure(group_id, CONFLICT, reason))
+        if outcome.snapshot_id is not None:
+            self.result.commits.append(outcome)
+            with self._lock:
+                self._committed.update(d.file_path for r in outcome.committed for d in r.data_files)
+        elif outcome.conflicts and not self.options.partial_progress:
+            reasons = "; ".join(sorted(set(outcome.conflicts.values())))
+            raise CommitConflictError(f"table {self.plan.table}: nothing committed: {reasons}")
 
 
 def compact(
@@ -85,83 +228,36 @@ def compact(
     *,
     dry_run: bool = False,
     progress: Progress | None = None,
+    stop: threading.Event | None = None,
 ) -> RunResult:
-    """Compact ``table`` per ``options``. Commits nothing when dry-run or nothing helps.
+    """Compact ``table`` per ``options``; commits nothing when dry-run or nothing helps.
 
-    Any group failure aborts the run: every file it wrote is deleted and nothing is committed.
+    Raises :class:`compactor.inflight.LeaseHeldError` when another live run holds the table.
+    Setting ``stop`` ends the run early: no new group starts, running ones are abandoned at the
+    next file, finished ones are committed.
     """
     started = time.monotonic()
-    plan = plan_rewrite(table, identifier, options)
     run_id = uuid.uuid4().hex[:12]
-    result = RunResult(identifier, plan, dry_run=dry_run, run_id=run_id)
-    if dry_run or not plan.groups:
+    if dry_run:
+        result = RunResult(
+            identifier, plan_rewrite(table, identifier, options), run_id, dry_run=True
+        )
         result.duration_s = time.monotonic() - started
         return result
-    if progress:
-        progress.start(plan)
-
-    created: list[str] = []
-    lock = threading.Lock()
-    stop = threading.Event()
-
-    def on_created(path: str) -> None:
-        with lock:
-            created.append(path)
-
-    def on_file_done(f: InputFile) -> None:
-        if progress:
-            with lock:
-                progress.advance(f.size)
-        if stop.is_set():
-            raise RunCancelled(f"table {identifier}: run cancelled")
-
-    metadata, io = table.metadata, table.io
-
-    def run_group(group: FileGroup) -> GroupResult:
-        if stop.is_set():
-            raise RunCancelled(f"table {identifier}: run cancelled")
-        return rewrite_group(
-            group,
-            metadata,
-            io,
-            row_group_size=options.row_group_size,
-            read_ahead=options.read_ahead,
-            file_prefix=_file_prefix(run_id, group),
-            on_file_done=on_file_done,
-            on_file_created=on_created,
-        )
-
-    committed_ok = False
+    lease = RunLease(table, run_id, options.lease_ttl_s)
+    lease.acquire()
+    undeleted: list[str] = []
     try:
-        with ThreadPoolExecutor(options.parallelism, thread_name_prefix="rewrite") as pool:
-            futures: list[Future[GroupResult]] = [pool.submit(run_group, g) for g in plan.groups]
-            try:
-                done, _ = wait(futures, return_when=FIRST_EXCEPTION)
-                failed = [f for f in done if f.exception() is not None]
-                if failed:
-                    stop.set()
-                    for f in futures:
-                        f.cancel()
-                    raise failed[0].exception()  # type: ignore[misc]
-            except BaseException:
-                stop.set()
-                for f in futures:
-                    f.cancel()
-                raise
-            results = [f.result() for f in futures]
-        properties = {SNAPSHOT_PROPERTY_TOOL: __version__, "compactor.run-id": run_id}
-        outcome = commit_replace(table, plan, results, properties)
-        result.outcome = outcome
-        committed_ok = outcome.snapshot_id is not None
-        refused = {gid for gid in outcome.conflicts}
-        delete_files(
-            io, [d.file_path for r in results if r.group.group_id in refused for d in r.data_files]
-        )
-        if not committed_ok and outcome.conflicts:
-            reasons = "; ".join(sorted(set(outcome.conflicts.values())))
-            raise CommitConflictError(f"table {identifier}: nothing committed: {reasons}")
+        result = RunResult(identifier, plan_rewrite(table, identifier, options), run_id)
+        result.recovered_files = lease.recovered
+        if result.plan.groups:
+            if progress:
+                progress.start(result.plan)
+            runner = _Runner(table, result, options, lease, progress, stop or threading.Event())
+            undeleted = runner.run()
     finally:
-        if not committed_ok:
-            delete_files(io, created)
-        result.duration_s = time.monotonic() - started
+        # Keep the record while files remain to clean up: the next run will finish the job.
+        if not undeleted:
+            lease.release()
+    result.duration_s = time.monotonic() - started
     return result

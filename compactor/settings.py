@@ -30,6 +30,12 @@ DEFAULT_ROW_GROUP_SIZE = 128 * MiB
 DEFAULT_READ_AHEAD = 64 * MiB
 # Files at least this large are streamed batch by batch instead of being read ahead whole.
 STREAM_FILE_THRESHOLD = 16 * MiB
+# Partial progress: 0 = one commit at the end (all or nothing); otherwise commit every N groups,
+# in at most DEFAULT_MAX_COMMITS commits (as Iceberg's partial-progress.max-commits).
+DEFAULT_COMMIT_EVERY = 0
+DEFAULT_MAX_COMMITS = 10
+# A run's lease on a table lasts this long without a heartbeat (heartbeats come every third).
+DEFAULT_LEASE_TTL_S = 600.0
 
 TARGET_FILE_SIZE_PROPERTY = "write.target-file-size-bytes"
 ROW_GROUP_SIZE_PROPERTY = "write.parquet.row-group-size-bytes"
@@ -57,6 +63,20 @@ class RewriteOptions:
     read_ahead: int = DEFAULT_READ_AHEAD
     parallelism: int = 1
     where: str | None = None
+    commit_every: int = DEFAULT_COMMIT_EVERY
+    max_commits: int = DEFAULT_MAX_COMMITS
+    lease_ttl_s: float = DEFAULT_LEASE_TTL_S
+
+    @property
+    def partial_progress(self) -> bool:
+        """Commit in batches, and let a failed group fail alone."""
+        return self.commit_every > 0
+
+    def commit_batch_size(self, groups: int) -> int:
+        """Groups per commit: all at once, or every N within the commit limit."""
+        if not self.partial_progress:
+            return max(groups, 1)
+        return max(self.commit_every, -(-groups // self.max_commits))
 
     @property
     def min_file_size(self) -> int:
@@ -139,6 +159,8 @@ def resolve_options(
     max_group_size: str | None = None,
     parallelism: int | None = None,
     where: str | None = None,
+    commit_every: int = DEFAULT_COMMIT_EVERY,
+    max_commits: int = DEFAULT_MAX_COMMITS,
 ) -> RewriteOptions:
     """Combine flags (``None`` = not given) with the table's properties into options."""
     error: type[UsageError]
@@ -175,6 +197,10 @@ def resolve_options(
         raise UsageError(f"--parallelism: must be at least 1, got {workers}")
     if where:
         check_filter_syntax(where)
+    if commit_every < 0:
+        raise UsageError(f"--commit-every: must be 0 (off) or more, got {commit_every}")
+    if max_commits < 1:
+        raise UsageError(f"--max-commits: must be at least 1, got {max_commits}")
     row_group = _int_property(table_properties, ROW_GROUP_SIZE_PROPERTY, table)
     return RewriteOptions(
         target_file_size=target,
@@ -184,4 +210,6 @@ def resolve_options(
         row_group_size=row_group if row_group and row_group > 0 else DEFAULT_ROW_GROUP_SIZE,
         parallelism=workers,
         where=where,
+        commit_every=commit_every,
+        max_commits=max_commits,
     )

@@ -1,0 +1,183 @@
+"""The run record kept beside a table: an advisory lease plus every file the run has written.
+
+A run writes ``metadata/compactor-run.{0,1}.json`` under the table location before it writes
+any file, adds each file's path to it *before* creating the file, and deletes the record when it
+ends. Writes alternate between the two slots with a sequence number, so a write torn by a crash
+only damages one slot and the other still lists every file created so far. A record left behind belongs to a run that was killed: the next run deletes the files it
+lists that no snapshot references, then takes the lease. While a live run holds the record,
+other runs back off; the catalog's optimistic commit remains the authority on correctness.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+
+from pyiceberg.table import Table
+
+from compactor.errors import CompactorError
+from compactor.references import table_references
+from compactor.rewriter import delete_files
+
+log = logging.getLogger(__name__)
+
+RECORD_SLOTS = ("compactor-run.0.json", "compactor-run.1.json")
+
+
+class LeaseHeldError(CompactorError):
+    """Another live run holds the table's lease; this run backs off without doing anything."""
+
+
+@dataclass
+class RunRecord:
+    """What is stored in the record file."""
+
+    run_id: str
+    host: str
+    pid: int
+    started_ms: int
+    expires_ms: int
+    files: list[str] = field(default_factory=list)
+    seq: int = 0
+
+    def is_live(self, now_ms: int) -> bool:
+        """A record is live until it expires; on this host, only while its process exists."""
+        if self.host == socket.gethostname() and not _process_exists(self.pid):
+            return False
+        return now_ms < self.expires_ms
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def record_paths(table: Table) -> list[str]:
+    """The two slots of the table's run record."""
+    return [f"{table.metadata.location.rstrip('/')}/metadata/{name}" for name in RECORD_SLOTS]
+
+
+def read_record(table: Table) -> RunRecord | None:
+    """The newest intact slot of the table's run record, or None when there is none.
+
+    A slot torn by a crash is ignored; if no slot is intact, the record counts as abandoned.
+    """
+    found: list[RunRecord] = []
+    exists = False
+    for path in record_paths(table):
+        source = table.io.new_input(path)
+        if not source.exists():
+            continue
+        exists = True
+        try:
+            with source.open() as stream:
+                found.append(RunRecord(**json.loads(stream.read())))
+        except (ValueError, TypeError) as exc:
+            log.warning("unreadable run record %s (%s): ignoring this slot", path, exc)
+    if found:
+        return max(found, key=lambda r: r.seq)
+    return (
+        RunRecord(run_id="unknown", host="", pid=0, started_ms=0, expires_ms=0) if exists else None
+    )
+
+
+def recover_abandoned_files(table: Table, record: RunRecord) -> list[str]:
+    """Delete the files an abandoned run wrote that no snapshot of ``table`` references."""
+    if not record.files:
+        return []
+    referenced = table_references(table).all()
+    leftovers = [path for path in record.files if path not in referenced]
+    failed = set(delete_files(table.io, leftovers))
+    if failed:
+        raise CompactorError(
+            f"table {'.'.join(table.name())}: could not delete {len(failed)} files of abandoned "
+            f"run {record.run_id}, e.g. {sorted(failed)[0]}"
+        )
+    return leftovers
+
+
+class RunLease:
+    """Holds a table's run record for one run: acquire, add files, heartbeat, release."""
+
+    def __init__(self, table: Table, run_id: str, ttl_s: float) -> None:
+        self._table = table
+        self._paths = record_paths(table)
+        self._ttl_ms = int(ttl_s * 1000)
+        self._record = RunRecord(run_id, socket.gethostname(), os.getpid(), _now_ms(), 0)
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._heartbeat: threading.Thread | None = None
+        self.lost = False
+        self.recovered: list[str] = []
+
+    def acquire(self) -> None:
+        """Take the lease, first cleaning up after an abandoned run; raise if a live run holds it."""
+        existing = read_record(self._table)
+        if existing is not None:
+            if existing.is_live(_now_ms()):
+                raise LeaseHeldError(
+                    f"table {'.'.join(self._table.name())}: run {existing.run_id} "
+                    f"(host {existing.host}, pid {existing.pid}) is compacting it; backing off"
+                )
+            log.info("recovering abandoned run %s", existing.run_id)
+            self.recovered = recover_abandoned_files(self._table, existing)
+            delete_files(self._table.io, self._paths)
+        self._write()
+        current = read_record(self._table)
+        if current is None or current.run_id != self._record.run_id:
+            raise LeaseHeldError(
+                f"table {'.'.join(self._table.name())}: another run took the lease first"
+            )
+        self._heartbeat = threading.Thread(target=self._beat, name="lease-heartbeat", daemon=True)
+        self._heartbeat.start()
+
+    def add_files(self, paths: list[str]) -> None:
+        """Record paths before the files are created, so a crash never leaves one untracked."""
+        with self._lock:
+            self._record.files.extend(paths)
+            self._write_locked()
+
+    def release(self) -> None:
+        """Stop the heartbeat and delete the record if it is still this run's."""
+        self._stopped.set()
+        if self._heartbeat:
+            self._heartbeat.join()
+        with self._lock:
+            current = read_record(self._table)
+            if current is not None and current.run_id == self._record.run_id:
+                delete_files(self._table.io, self._paths)
+
+    def _beat(self) -> None:
+        while not self._stopped.wait(self._ttl_ms / 3000):
+            with self._lock:
+                current = read_record(self._table)
+                if current is None or current.run_id != self._record.run_id:
+                    self.lost = True
+                    return
+                self._write_locked()
+
+    def _write(self) -> None:
+        with self._lock:
+            self._write_locked()
+
+    def _write_locked(self) -> None:
+        self._record.expires_ms = _now_ms() + self._ttl_ms
+        self._record.seq += 1
+        payload = json.dumps(asdict(self._record)).encode()
+        slot = self._paths[self._record.seq % len(self._paths)]
+        with self._table.io.new_output(slot).create(overwrite=True) as stream:
+            stream.write(payload)
