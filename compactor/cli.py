@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import sys
+import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -23,7 +26,9 @@ from rich.table import Table as RichTable
 from compactor import __version__
 from compactor.errors import EXIT_RUNTIME, CompactorError
 from compactor.settings import (
+    DEFAULT_COMMIT_EVERY,
     DEFAULT_DELETE_FILE_THRESHOLD,
+    DEFAULT_MAX_COMMITS,
     DEFAULT_MIN_INPUT_FILES,
     check_pyiceberg_config,
     resolve_options,
@@ -204,18 +209,48 @@ def _print_plan(plan: Plan) -> None:
 
 def _print_result(result: RunResult) -> None:
     data = result.to_dict()
+    if result.stopped:
+        out.print(f"{result.table}: stopped by signal; finished groups were committed")
+    if data["recovered_files"]:
+        out.print(f"{result.table}: removed {data['recovered_files']} files of an abandoned run")
     if data["snapshot_id"] is None:
-        out.print(f"{result.table}: nothing to compact (no snapshot committed)")
+        out.print(f"{result.table}: nothing compacted (no snapshot committed)")
+        for failed in data["failed_groups"]:
+            out.print(f"  group {failed['group_id']} {failed['kind']}: {failed['reason']}")
         return
     avg = data["added_bytes"] / data["added_files"] if data["added_files"] else 0
+    snapshots = ", ".join(str(i) for i in data["snapshot_ids"])
     out.print(
-        f"{result.table}: committed replace snapshot {data['snapshot_id']}: "
+        f"{result.table}: committed replace snapshot {snapshots}: "
         f"{data['rewritten_files']} files ({format_size(data['rewritten_bytes'])}) -> "
         f"{data['added_files']} files ({format_size(data['added_bytes'])}, avg {format_size(avg)}) "
         f"in {data['duration_s']:.1f}s"
     )
     for failed in data["failed_groups"]:
-        out.print(f"  group {failed['group_id']} not committed: {failed['reason']}")
+        out.print(
+            f"  group {failed['group_id']} not committed ({failed['kind']}): {failed['reason']}"
+        )
+
+
+@contextmanager
+def stop_on_signals() -> Iterator[threading.Event]:
+    """An event set by SIGTERM or SIGINT while the block runs (a second SIGINT interrupts)."""
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        if signum == signal.SIGINT and stop.is_set():
+            raise KeyboardInterrupt
+        err.print(
+            f"{signal.Signals(signum).name}: stopping after the current files; committing finished groups"
+        )
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield stop
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 @app.command()
@@ -254,6 +289,16 @@ def run(
     parallelism: Annotated[
         int | None, typer.Option(help="Groups rewritten at once (default: one per core).")
     ] = None,
+    commit_every: Annotated[
+        int,
+        typer.Option(
+            help="Partial progress: commit every N finished groups, so finished work survives "
+            "a later failure and a failed group fails alone. 0 = one all-or-nothing commit."
+        ),
+    ] = DEFAULT_COMMIT_EVERY,
+    max_commits: Annotated[
+        int, typer.Option(help="With --commit-every: at most this many commits in one run.")
+    ] = DEFAULT_MAX_COMMITS,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the plan; write and commit nothing.")
     ] = False,
@@ -262,10 +307,16 @@ def run(
     """Compact small files of one table into target-size files, as one `replace` snapshot.
 
     Example: compactor run --table db.events --target-file-size 256MB --where "region = 'eu'"
+
+    Safe beside live writers: concurrent appends never conflict; a group whose input was
+    changed meanwhile is left out. SIGTERM or Ctrl-C stops cleanly: no new group starts, running
+    ones are abandoned, finished ones are committed, exit 0. If another compactor run holds the
+    table, this one backs off and exits 0. Exit 1 when a group failed.
     """
 
     def go() -> None:
         from compactor.compaction import compact
+        from compactor.inflight import LeaseHeldError
 
         tbl = _open_table(catalog, table)
         options = resolve_options(
@@ -278,10 +329,19 @@ def run(
             max_group_size=max_group_size,
             parallelism=parallelism,
             where=where,
+            commit_every=commit_every,
+            max_commits=max_commits,
         )
         bar = _Bar() if (not as_json and sys.stderr.isatty()) else None
         try:
-            result = compact(tbl, table, options, dry_run=dry_run, progress=bar)
+            with stop_on_signals() as stop:
+                result = compact(tbl, table, options, dry_run=dry_run, progress=bar, stop=stop)
+        except LeaseHeldError as exc:
+            if as_json:
+                print(json.dumps({"table": table, "snapshot_id": None, "backed_off": str(exc)}))
+            else:
+                err.print(str(exc), markup=False, highlight=False)
+            return
         finally:
             if bar:
                 bar.stop()
@@ -291,6 +351,12 @@ def run(
             _print_plan(result.plan)
         else:
             _print_result(result)
+        if result.errors:
+            first = result.errors[0]
+            raise CompactorError(
+                f"table {table}: {len(result.errors)} groups failed (committed groups stay "
+                f"committed); group {first.group_id}: {first.reason}"
+            )
 
     _guarded(go)
 

@@ -55,6 +55,7 @@ from pyiceberg.types import LongType, NestedField, StringType
 from compactor import __version__
 from compactor.compaction import RunResult, compact
 from compactor.pyiceberg_compat import manifest_writer
+from compactor.references import table_references
 from compactor.settings import SNAPSHOT_PROPERTY_TOOL, resolve_options
 
 # Small targets keep the suite fast; tests override single options where they need to.
@@ -496,3 +497,21 @@ def commit_delete_files(
     )
     table.refresh()
     return table
+
+
+def unreferenced_files(table: Table) -> list[str]:
+    """Local paths of files under the table's location that no snapshot of ``table`` references.
+
+    Table metadata files (``*.metadata.json``) are not snapshot files and are left out; so is a
+    live run's record (``compactor-run.*.json``).
+    """
+    referenced = {str(local_path(uri)) for uri in table_references(table).all()}
+    root = local_path(table.metadata.location)
+    return sorted(
+        str(path)
+        for path in root.rglob("*")
+        if path.is_file()
+        and not path.name.endswith(".metadata.json")
+        and not path.name.startswith("compactor-run.")
+        and str(path) not in referenced
+    )

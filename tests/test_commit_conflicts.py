@@ -83,7 +83,9 @@ def test_concurrent_append_is_retried_and_kept(
     result = _compact_with_concurrent(catalog, monkeypatch, append)
     data = result.to_dict()
     assert data["snapshot_id"] is not None and data["failed_groups"] == []
-    assert [c.attempts for c in result.commits] == [2]  # the first commit met the append and was retried
+    assert [c.attempts for c in result.commits] == [
+        2
+    ]  # the first commit met the append and was retried
     table = catalog.load_table(TABLE)
     snapshot = table.current_snapshot()
     assert snapshot.snapshot_id == data["snapshot_id"]
