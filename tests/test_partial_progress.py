@@ -1,0 +1,103 @@
+"""Partial progress: commits in batches, and a failed group fails alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow.compute as pc
+import pytest
+from helpers import (
+    assert_same_rows,
+    live_data_files,
+    local_path,
+    run_compaction,
+    scan_rows,
+    unreferenced_files,
+)
+from pyiceberg.catalog import Catalog
+from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Operation
+
+from compactor.sample import create_events_table
+from compactor.settings import RewriteOptions
+
+TABLE = "db.events"
+
+
+@pytest.fixture
+def events(catalog: Catalog) -> Table:
+    """12 partitions (3 days x 4 regions) of 5 small files each: 12 groups."""
+    return create_events_table(catalog, TABLE, commits=5, rows_per_commit=480)
+
+
+def _replace_chain(table: Table, count: int) -> list[int]:
+    """Ids of the last ``count`` snapshots, asserting each is a replace on top of the previous."""
+    chain = []
+    snapshot = table.current_snapshot()
+    for _ in range(count):
+        assert snapshot.summary.operation == Operation.REPLACE
+        chain.append(snapshot.snapshot_id)
+        snapshot = table.metadata.snapshot_by_id(snapshot.parent_snapshot_id)
+    assert snapshot.summary.operation == Operation.APPEND
+    return chain[::-1]
+
+
+@pytest.mark.parametrize(
+    ("commit_every", "max_commits", "commits"),
+    [(2, 10, 6), (1, 3, 3), (5, 10, 3)],
+)
+def test_commits_in_batches(
+    catalog: Catalog, events: Table, commit_every: int, max_commits: int, commits: int
+) -> None:
+    before = scan_rows(events)
+    result, table = run_compaction(
+        catalog, TABLE, commit_every=commit_every, max_commits=max_commits
+    )
+    assert len(result.plan.groups) == 12
+    assert len(result.snapshot_ids) == commits
+    assert _replace_chain(table, commits) == result.snapshot_ids
+    assert result.to_dict()["committed_groups"] == 12
+    assert_same_rows(before, scan_rows(table))
+    assert unreferenced_files(table) == []
+
+
+def test_batch_size_respects_max_commits() -> None:
+    assert RewriteOptions(commit_every=0).commit_batch_size(12) == 12
+    assert RewriteOptions(commit_every=2).commit_batch_size(12) == 2
+    assert RewriteOptions(commit_every=1, max_commits=3).commit_batch_size(12) == 4
+    assert RewriteOptions(commit_every=1, max_commits=3).commit_batch_size(0) == 1
+
+
+def test_failed_group_fails_alone(catalog: Catalog, events: Table) -> None:
+    before = scan_rows(events)
+    victim = sorted(p for p in live_data_files(events) if "region=eu" in p)[0]
+    victim_partition = victim.rsplit("/", 1)[0]
+    local_path(victim).write_bytes(b"not parquet at all")
+    result, table = run_compaction(catalog, TABLE, commit_every=1, parallelism=1)
+    data = result.to_dict()
+    assert [f["kind"] for f in data["failed_groups"]] == ["error"]
+    assert victim in data["failed_groups"][0]["reason"]
+    assert data["committed_groups"] == 11
+    assert len(result.snapshot_ids) == 6  # batches of ceil(12 / 10) = 2 groups
+    # The failed group's files are untouched and still live; every other partition compacted.
+    live = live_data_files(table)
+    assert victim in live
+    assert len([p for p in live if p.startswith(victim_partition)]) == 5
+    assert len(live) == 11 + 5
+    assert unreferenced_files(table) == []
+    # Rows outside the victim's region are exactly as before (the victim can't be read now).
+    after = scan_rows(table, "region != 'eu'")
+    assert_same_rows(before.filter(pc.field("region") != "eu"), after)
+
+
+def test_failed_group_without_partial_progress_commits_nothing(
+    catalog: Catalog, events: Table, warehouse: Path
+) -> None:
+    victim = sorted(live_data_files(events))[0]
+    local_path(victim).write_bytes(b"garbage")
+    snapshots = [s.snapshot_id for s in events.metadata.snapshots]
+    with pytest.raises(Exception, match="data file"):
+        run_compaction(catalog, TABLE, parallelism=1)
+    table = catalog.load_table(TABLE)
+    assert [s.snapshot_id for s in table.metadata.snapshots] == snapshots
+    assert unreferenced_files(table) == []
