@@ -22,6 +22,7 @@ from compactor.committer import CommitOutcome, commit_replace
 from compactor.errors import CommitConflictError, CompactorError
 from compactor.inflight import RunLease
 from compactor.planner import FileGroup, InputFile, Plan, plan_rewrite
+from compactor.references import table_references
 from compactor.rewriter import GroupResult, delete_files, rewrite_group
 from compactor.settings import SNAPSHOT_PROPERTY_TOOL, RewriteOptions
 
@@ -125,15 +126,23 @@ class _Runner:
         self._lock = threading.Lock()
         self._created: list[str] = []
         self._committed: set[str] = set()
+        # True while a catalog commit is under way: if it is interrupted, it may still have landed.
+        self._commit_in_doubt = False
 
-    def run(self) -> list[str]:
-        """Run to the end; returns paths that could not be cleaned up (empty when all is well)."""
+    def run(self) -> None:
+        """Run to the end; then ``undeleted`` lists files that could not be cleaned up.
+
+        ``undeleted`` stays None if the clean-up itself could not run to its end.
+        """
         try:
             self._rewrite_and_commit()
         finally:
             leftovers = [p for p in self._created if p not in self._committed]
-            undeleted = delete_files(self.table.io, leftovers)
-        return undeleted
+            if self._commit_in_doubt:
+                self.table.refresh()
+                referenced = table_references(self.table).all()
+                leftovers = [p for p in leftovers if p not in referenced]
+            self.undeleted = delete_files(self.table.io, leftovers)
 
     def _on_created(self, path: str) -> None:
         self.lease.add_files([path])
@@ -200,16 +209,19 @@ class _Runner:
                 f"table {self.plan.table}: this run lost its lease; not committing"
             )
         properties = {SNAPSHOT_PROPERTY_TOOL: __version__, "compactor.run-id": self.result.run_id}
+        self._commit_in_doubt = True
         try:
             outcome = commit_replace(
                 self.table, self.plan, batch, properties, on_file=self.lease.add_files
             )
         except CommitConflictError as exc:
+            self._commit_in_doubt = False
             if not self.options.partial_progress:
                 raise
             for r in batch:
                 self._fail(r.group.group_id, CONFLICT, exc)
             return
+        self._commit_in_doubt = False
         for group_id, reason in sorted(outcome.conflicts.items()):
             self.result.failures.append(GroupFailure(group_id, CONFLICT, reason))
         if outcome.snapshot_id is not None:
@@ -246,7 +258,7 @@ def compact(
         return result
     lease = RunLease(table, run_id, options.lease_ttl_s)
     lease.acquire()
-    undeleted: list[str] = []
+    runner: _Runner | None = None
     try:
         result = RunResult(identifier, plan_rewrite(table, identifier, options), run_id)
         result.recovered_files = lease.recovered
@@ -254,10 +266,12 @@ def compact(
             if progress:
                 progress.start(result.plan)
             runner = _Runner(table, result, options, lease, progress, stop or threading.Event())
-            undeleted = runner.run()
+            runner.run()
     finally:
-        # Keep the record while files remain to clean up: the next run will finish the job.
-        if not undeleted:
+        # Keep the record, expired, while files may remain: the next run finishes the clean-up.
+        if runner is not None and runner.undeleted != []:
+            lease.abandon()
+        else:
             lease.release()
     result.duration_s = time.monotonic() - started
     return result

@@ -161,6 +161,15 @@ class RunLease:
             if current is not None and current.run_id == self._record.run_id:
                 delete_files(self._table.io, self._paths)
 
+    def abandon(self) -> None:
+        """Stop the heartbeat and leave the record, expired, for the next run to clean up after."""
+        self._stopped.set()
+        if self._heartbeat:
+            self._heartbeat.join()
+        with self._lock:
+            self._ttl_ms = -self._ttl_ms if self._ttl_ms > 0 else self._ttl_ms
+            self._write_locked()
+
     def _beat(self) -> None:
         while not self._stopped.wait(self._ttl_ms / 3000):
             with self._lock:
