@@ -128,6 +128,7 @@ class _Runner:
         self._committed: set[str] = set()
         # True while a catalog commit is under way: if it is interrupted, it may still have landed.
         self._commit_in_doubt = False
+        self.undeleted: list[str] | None = None
 
     def run(self) -> None:
         """Run to the end; then ``undeleted`` lists files that could not be cleaned up.
