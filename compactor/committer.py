@@ -49,7 +49,7 @@ from pyiceberg.table.update import (
 from pyiceberg.utils.properties import property_as_int
 
 from compactor.errors import CommitConflictError
-from compactor.planner import FileGroup, Plan
+from compactor.planner import FileGroup, InputFile, Plan
 from compactor.pyiceberg_compat import DeleteFileIndex, manifest_writer
 from compactor.rewriter import GroupResult, delete_files
 
@@ -232,24 +232,38 @@ class _Attempt:
 def _filter_manifests(
     attempt: _Attempt,
     head: Snapshot,
-    remove: set[str],
-    known_manifests: dict[str, set[str]],
+    plan: Plan,
+    inputs: dict[str, InputFile],
+    dangling: set[str],
 ) -> tuple[list[ManifestFile], dict[str, ManifestEntry]]:
-    """Carry the head's manifests over without the files to remove.
+    """Carry the head's manifests over without the inputs and dangling delete files.
 
     Manifests that hold none of them are kept as they are; manifests whose every live file goes
     are dropped; the others are rewritten with their remaining entries as EXISTING. Returns the
     manifests and, per removed path, the live entry found for it (the caller records those as
-    DELETED and can tell which inputs are no longer live).
+    DELETED and can tell which inputs are no longer live). Manifests of the plan's snapshot are
+    read again only when the plan cannot tell what to do with them.
     """
     io = attempt.table.io
+    remove = inputs.keys() | dangling
+    by_manifest: dict[str, list[str]] = defaultdict(list)
+    for path, f in inputs.items():
+        by_manifest[f.manifest_path].append(path)
     manifests: list[ManifestFile] = []
     found: dict[str, ManifestEntry] = {}
     for manifest in head.manifests(io):
-        known = known_manifests.get(manifest.manifest_path)
-        if known is not None and not known & remove:
-            manifests.append(manifest)
-            continue
+        path = manifest.manifest_path
+        if path in plan.start_manifests:
+            live = plan.manifest_live_entries.get(path)
+            known = by_manifest.get(path, [])
+            may_hold_dangling = bool(dangling) and manifest.content == ManifestContent.DELETES
+            if live is None or not (known or may_hold_dangling):
+                manifests.append(manifest)  # pruned by the filter, or holds nothing to remove
+                continue
+            planned = [inputs[p].entry for p in known]
+            if len(known) == live and all(e is not None for e in planned):
+                found.update((e.data_file.file_path, e) for e in planned if e is not None)
+                continue
         entries = manifest.fetch_manifest_entry(io, discard_deleted=True)
         kept = [e for e in entries if e.data_file.file_path not in remove]
         if len(kept) == len(entries):
@@ -359,10 +373,6 @@ def commit_replace(
     retry = retry or RetryPolicy.for_table(table)
     outcome = CommitOutcome()
     pending = {r.group.group_id: r for r in results}
-    known_manifests: dict[str, set[str]] = defaultdict(set)
-    for r in results:
-        for f in r.group.files:
-            known_manifests[f.manifest_path].add(f.path)
     snapshot_id = table.metadata.new_snapshot_id()
     started = time.monotonic()
     while True:
@@ -378,9 +388,7 @@ def commit_replace(
 
         attempt = _Attempt(table, snapshot_id, on_file)
         try:
-            snapshot = _write_snapshot(
-                attempt, plan, head, pending, known_manifests, outcome, snapshot_properties
-            )
+            snapshot = _write_snapshot(attempt, plan, head, pending, outcome, snapshot_properties)
             if snapshot is None:
                 continue  # inputs vanished without a conflicting snapshot in history; re-validate
             requirements = (
@@ -427,20 +435,18 @@ def _write_snapshot(
     plan: Plan,
     head: Snapshot,
     pending: dict[int, GroupResult],
-    known_manifests: dict[str, set[str]],
     outcome: CommitOutcome,
     snapshot_properties: dict[str, str],
 ) -> Snapshot | None:
     table = attempt.table
     rewritten = {f.path: gid for gid, r in pending.items() for f in r.group.files}
+    inputs = {f.path: f for r in pending.values() for f in r.group.files}
     dangling = {
         path: delete_file
         for path, (delete_file, targets) in plan.delete_file_targets.items()
         if targets <= rewritten.keys()
     }
-    manifests, found = _filter_manifests(
-        attempt, head, rewritten.keys() | dangling.keys(), known_manifests
-    )
+    manifests, found = _filter_manifests(attempt, head, plan, inputs, set(dangling))
     missing = {gid for path, gid in rewritten.items() if path not in found}
     if missing:
         for gid in missing:

@@ -41,6 +41,7 @@ class InputFile:
     data_sequence_number: int
     manifest_path: str
     delete_files: tuple[DataFile, ...] = ()
+    entry: ManifestEntry | None = None
 
     @property
     def path(self) -> str:
@@ -104,6 +105,9 @@ class Plan:
     # Position delete files touching planned inputs -> every live data file they apply to.
     delete_file_targets: dict[str, tuple[DataFile, frozenset[str]]] = field(default_factory=dict)
     data_files_scanned: int = 0
+    # Every manifest of the start snapshot, and the live entries of those read while planning.
+    start_manifests: frozenset[str] = frozenset()
+    manifest_live_entries: dict[str, int] = field(default_factory=dict)
     skipped: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
     @property
@@ -144,6 +148,7 @@ def parse_where(table: Table, where: str | None) -> BooleanExpression:
 @dataclass
 class _ManifestScan:
     data: list[tuple[ManifestEntry, str]] = field(default_factory=list)
+    live_entries: dict[str, int] = field(default_factory=dict)
     position_deletes: DeleteFileIndex = field(default_factory=DeleteFileIndex)
     equality_deletes: list[ManifestEntry] = field(default_factory=list)
 
@@ -157,6 +162,7 @@ def _read_manifests(table: Table, manifests: Iterable[ManifestFile]) -> _Manifes
     scan = _ManifestScan()
     with ThreadPoolExecutor(MANIFEST_READERS) as pool:
         for manifest, entries in pool.map(read, manifests):
+            scan.live_entries[manifest.manifest_path] = len(entries)
             for entry in entries:
                 content = entry.data_file.content
                 if content == DataFileContent.DATA:
@@ -227,8 +233,11 @@ def plan_rewrite(table: Table, identifier: str, options: RewriteOptions) -> Plan
         return plan
 
     pruner = FilePruner(metadata, row_filter)
-    manifests = [m for m in snapshot.manifests(table.io) if pruner.manifest_may_match(m)]
+    all_manifests = snapshot.manifests(table.io)
+    plan.start_manifests = frozenset(m.manifest_path for m in all_manifests)
+    manifests = [m for m in all_manifests if pruner.manifest_may_match(m)]
     scan = _read_manifests(table, manifests)
+    plan.manifest_live_entries = scan.live_entries
     eq_delete_applies = _equality_delete_checker(table, scan.equality_deletes)
 
     candidates: dict[tuple[int, Record], list[InputFile]] = defaultdict(list)
@@ -256,7 +265,7 @@ def plan_rewrite(table: Table, identifier: str, options: RewriteOptions) -> Plan
             plan.skipped["files_with_equality_deletes"] += 1
             continue
         key = (data_file.spec_id, data_file.partition)
-        candidates[key].append(InputFile(data_file, seq, manifest_path, tuple(deletes)))
+        candidates[key].append(InputFile(data_file, seq, manifest_path, tuple(deletes), entry))
 
     specs = metadata.specs()
     schema = metadata.schema()
