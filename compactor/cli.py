@@ -105,7 +105,9 @@ def _guarded(fn: Callable[[], Any]) -> Any:
     except (typer.Exit, typer.Abort):
         raise
     except KeyboardInterrupt:
-        err.print("interrupted: nothing was committed by the unfinished run")
+        err.print(
+            "interrupted: unfinished groups were not committed; the next run cleans up after it"
+        )
         raise typer.Exit(130) from None
     except Exception as exc:
         _fail(exc)

@@ -387,6 +387,7 @@ def commit_replace(
             return outcome
 
         attempt = _Attempt(table, snapshot_id, on_file)
+        in_catalog_call = False
         try:
             snapshot = _write_snapshot(attempt, plan, head, pending, outcome, snapshot_properties)
             if snapshot is None:
@@ -404,6 +405,7 @@ def commit_replace(
                     parent_snapshot_id=head.snapshot_id,
                 ),
             )
+            in_catalog_call = True
             table.catalog.commit_table(table, requirements, updates)
         except CommitFailedException as exc:
             attempt.discard()
@@ -422,12 +424,24 @@ def commit_replace(
             if table.metadata.snapshot_by_id(snapshot_id) is None:
                 raise
         except BaseException:
-            attempt.discard()
+            # Interrupted inside the catalog call (e.g. a second Ctrl-C), the commit may have
+            # landed: then these manifests are the table's, and deleting them would break it.
+            if not (in_catalog_call and _may_have_landed(table, snapshot_id)):
+                attempt.discard()
             raise
         table.refresh()
         outcome.snapshot_id = snapshot_id
         outcome.committed = list(pending.values())
         return outcome
+
+
+def _may_have_landed(table: Table, snapshot_id: int) -> bool:
+    """Whether the table now has ``snapshot_id``; True when the catalog cannot tell."""
+    try:
+        table.refresh()
+    except Exception:
+        return True
+    return table.metadata.snapshot_by_id(snapshot_id) is not None
 
 
 def _write_snapshot(
