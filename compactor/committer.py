@@ -48,10 +48,11 @@ from pyiceberg.table.update import (
 )
 from pyiceberg.utils.properties import property_as_int
 
+from compactor.deleter import delete_files
 from compactor.errors import CommitConflictError
 from compactor.planner import FileGroup, InputFile, Plan
 from compactor.pyiceberg_compat import DeleteFileIndex, manifest_writer
-from compactor.rewriter import GroupResult, delete_files
+from compactor.rewriter import GroupResult
 
 log = logging.getLogger(__name__)
 

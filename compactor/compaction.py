@@ -19,11 +19,12 @@ from pyiceberg.table import Table
 
 from compactor import __version__
 from compactor.committer import CommitOutcome, commit_replace
+from compactor.deleter import delete_files
 from compactor.errors import CommitConflictError, CompactorError
 from compactor.inflight import RunLease
 from compactor.planner import FileGroup, InputFile, Plan, plan_rewrite
 from compactor.references import table_references
-from compactor.rewriter import GroupResult, delete_files, rewrite_group
+from compactor.rewriter import GroupResult, rewrite_group
 from compactor.settings import SNAPSHOT_PROPERTY_TOOL, RewriteOptions
 
 ERROR, CONFLICT, CANCELLED = "error", "conflict", "cancelled"

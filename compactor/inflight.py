@@ -20,9 +20,9 @@ from dataclasses import asdict, dataclass, field
 
 from pyiceberg.table import Table
 
+from compactor.deleter import delete_files
 from compactor.errors import CompactorError
 from compactor.references import table_references
-from compactor.rewriter import delete_files
 
 log = logging.getLogger(__name__)
 

@@ -18,6 +18,7 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table.locations import load_location_provider
 from pyiceberg.table.metadata import TableMetadata
 
+from compactor.deleter import delete_files
 from compactor.errors import CompactorError, DataFileError
 from compactor.parquet_output import OutputSpec, RollingParquetWriter
 from compactor.planner import FileGroup, InputFile
@@ -189,16 +190,3 @@ def rewrite_group(
             f"group {group.group_id} ({group.partition_path or 'unpartitioned'}): {_describe(exc)}"
         ) from exc
     return result
-
-
-def delete_files(io: FileIO, paths: list[str]) -> list[str]:
-    """Delete ``paths``; returns those that could not be deleted (already gone counts as done)."""
-    failed = []
-    for path in paths:
-        try:
-            io.delete(path)
-        except FileNotFoundError:
-            continue
-        except Exception:
-            failed.append(path)
-    return failed

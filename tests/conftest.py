@@ -28,3 +28,22 @@ def catalog(tmp_path: Path, warehouse: Path) -> SqlCatalog:
     )
     cat.create_namespace(NAMESPACE)
     return cat
+
+
+# The stress test's size: writer operations. Small in the normal suite; larger with the flag.
+DEFAULT_STRESS_OPS = 30
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--stress-ops",
+        type=int,
+        default=DEFAULT_STRESS_OPS,
+        help=f"operations the stress test's writer performs (default {DEFAULT_STRESS_OPS})",
+    )
+
+
+@pytest.fixture
+def stress_ops(request: pytest.FixtureRequest) -> int:
+    """How many operations the stress test's writer performs (``--stress-ops``)."""
+    return request.config.getoption("--stress-ops")

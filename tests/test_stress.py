@@ -1,0 +1,256 @@
+"""Stress: compactions run again and again while another process appends and deletes rows.
+
+The writer (``stress_writer.py``, a separate process with its own catalog connection) appends
+batches, deletes ranges copy-on-write and deletes single rows merge-on-read with position
+deletes, retrying whatever conflicts, and logs each operation once it has committed. Meanwhile
+this process compacts the table in a loop, alternating all-or-nothing runs and partial progress.
+At the end the table must hold exactly the rows the writer's log says it should, row for row.
+
+Small in the normal suite (30 writer operations, about 10 s); larger with the flag, e.g.
+``pytest tests/test_stress.py --stress-ops 300 -s`` (about 5 minutes on two cores: every commit
+rewrites the table metadata, which grows with the snapshots, none of which are expired).
+Set ``STRESS_SEED`` to vary the writer's choices.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from helpers import assert_same_rows, scan_rows, unreferenced_files
+from pyiceberg.catalog import Catalog
+from pyiceberg.table import Table
+from stress_writer import DAYS, FIRST_BATCH, ROWS_PER_BATCH
+
+from compactor.compaction import RunResult, compact
+from compactor.errors import CommitConflictError
+from compactor.inflight import read_record
+from compactor.sample import create_events_table, events_batch
+from compactor.settings import resolve_options
+
+TABLE = "db.stress"
+INITIAL_COMMITS = 4
+INITIAL_ROWS = 240
+WRITER = Path(__file__).with_name("stress_writer.py")
+SEED = int(os.environ.get("STRESS_SEED", "20260101"))
+# A bound only: the writer always ends by itself; this stops a broken run from hanging.
+WRITER_TIMEOUT_S = 900
+RUN_ID = "compactor.run-id"
+
+
+def _compact(catalog: Catalog, commit_every: int) -> RunResult:
+    table = catalog.load_table(TABLE)
+    options = resolve_options(
+        TABLE,
+        table.metadata.properties,
+        target_file_size="256KiB",
+        allow_small_target=True,
+        min_input_files=2,
+        parallelism=2,
+        commit_every=commit_every,
+    )
+    return compact(table, TABLE, options)
+
+
+def _start_writer(catalog: Catalog, ops: int, log: Path, stderr: Any) -> subprocess.Popen[str]:
+    database = catalog.properties["uri"].removeprefix("sqlite:///")
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    command = [
+        sys.executable,
+        str(WRITER),
+        database,
+        catalog.properties["warehouse"],
+        TABLE,
+        str(ops),
+        str(SEED),
+        str(log),
+    ]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
+
+
+def _lines_of(writer: subprocess.Popen[str]) -> queue.Queue[str | None]:
+    """The writer's stdout, line by line, as it comes; None at its end."""
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def pump() -> None:
+        assert writer.stdout is not None
+        for line in writer.stdout:
+            lines.put(line.strip())
+        lines.put(None)
+
+    threading.Thread(target=pump, name="writer-stdout", daemon=True).start()
+    return lines
+
+
+def _wait_for_commits(lines: queue.Queue[str | None], said: list[str]) -> bool:
+    """Block until the writer says something (a commit, or its end), then take all it said.
+
+    Returns True once the writer's output has ended. The timeout only bounds a broken run.
+    """
+    taken = [lines.get(timeout=WRITER_TIMEOUT_S)]
+    while not lines.empty():
+        taken.append(lines.get_nowait())
+    said.extend(line for line in taken if line is not None)
+    return None in taken
+
+
+def _read_log(log: Path, initial_ids: set[int], ops: int) -> tuple[list[int], set[int]]:
+    """The appended batches and the deleted ids, checking the log is consistent in itself."""
+    alive = set(initial_ids)
+    batches: list[int] = []
+    deleted: set[int] = set()
+    entries = log.read_text().splitlines()
+    assert len(entries) == ops, f"the writer logged {len(entries)} operations, not {ops}"
+    for number, line in enumerate(entries):
+        entry = json.loads(line)
+        ids = entry["ids"]
+        assert len(set(ids)) == len(ids), f"log line {number}: repeated ids"
+        if entry["op"] == "append":
+            expected = events_batch(entry["batch"], ROWS_PER_BATCH, DAYS)["event_id"].to_pylist()
+            assert ids == expected, f"log line {number}: batch {entry['batch']} has other ids"
+            assert not alive & set(ids) and not deleted & set(ids), f"log line {number}: ids reused"
+            alive.update(ids)
+            batches.append(entry["batch"])
+        else:
+            assert entry["op"] == "delete"
+            assert set(ids) <= alive, f"log line {number}: deletes ids that were not live"
+            alive.difference_update(ids)
+            deleted.update(ids)
+    return batches, deleted
+
+
+def _snapshots(table: Table) -> list:
+    """The main branch's snapshots, oldest first (nothing else commits to other branches)."""
+    return sorted(table.metadata.snapshots, key=lambda s: s.sequence_number)
+
+
+def _is_compactor(snapshot) -> bool:
+    return RUN_ID in (snapshot.summary.additional_properties if snapshot.summary else {})
+
+
+def test_compactions_beside_a_writer_keep_exactly_the_rows_it_committed(
+    catalog: Catalog, tmp_path: Path, stress_ops: int
+) -> None:
+    table = create_events_table(
+        catalog,
+        TABLE,
+        commits=INITIAL_COMMITS,
+        rows_per_commit=INITIAL_ROWS,
+        properties={"format-version": "2"},
+    )
+    assert table.metadata.format_version == 2  # position deletes need v2
+    assert INITIAL_COMMITS * INITIAL_ROWS <= FIRST_BATCH * ROWS_PER_BATCH  # ids never collide
+    initial = scan_rows(table)
+    initial_head = table.current_snapshot()
+    assert initial_head is not None
+    log = tmp_path / "writer.jsonl"
+    stderr_path = tmp_path / "writer.stderr"
+
+    results: list[RunResult] = []
+    refused_runs: list[str] = []
+    said: list[str] = []
+    with stderr_path.open("w") as stderr:
+        writer = _start_writer(catalog, stress_ops, log, stderr)
+        try:
+            lines = _lines_of(writer)
+            # "ready": the writer's first commit has landed, compactions from here on race with it.
+            ended = _wait_for_commits(lines, said)
+            # The writer prints a line per commit: one compaction each time it has committed
+            # since the last one began, so that every run has something new to race with.
+            for number in range(stress_ops + 1):
+                if ended or said[0] != "ready":
+                    break
+                try:
+                    results.append(_compact(catalog, commit_every=2 * (number % 2)))
+                except CommitConflictError as exc:  # every group refused, or retries exhausted
+                    refused_runs.append(str(exc))
+                ended = _wait_for_commits(lines, said)
+            writer.wait(timeout=WRITER_TIMEOUT_S)
+        finally:
+            if writer.poll() is None:
+                writer.kill()
+                writer.wait()
+    writer_stderr = stderr_path.read_text()
+    assert said[:1] == ["ready"] and writer.returncode == 0, (
+        f"writer exited with {writer.returncode}:\n{writer_stderr[-5000:]}"
+    )
+    during = [r for r in results if r.commits]
+
+    # Once more with the writer gone: this one meets no concurrent commit.
+    final = _compact(catalog, commit_every=0)
+    assert not final.failures
+
+    table = catalog.load_table(TABLE)
+    batches, deleted = _read_log(log, set(initial["event_id"].to_pylist()), stress_ops)
+    expected = pa.concat_tables(
+        [initial] + [events_batch(b, ROWS_PER_BATCH, DAYS).cast(initial.schema) for b in batches]
+    )
+    expected = expected.filter(pc.invert(pc.is_in(expected["event_id"], pa.array(deleted))))
+    actual = scan_rows(table)
+
+    # Every id the writer's record holds is in the table exactly once, and no other id.
+    counts = Counter(actual["event_id"].to_pylist())
+    expected_ids = set(expected["event_id"].to_pylist())
+    duplicated = sorted(i for i, n in counts.items() if n > 1)
+    missing = sorted(expected_ids - counts.keys())
+    assert not duplicated, f"ids in the table more than once: {duplicated[:20]}"
+    assert not missing, f"ids committed and never deleted, missing: {missing[:20]}"
+    # Rows the writer deleted never come back (an equality-check corollary, stated outright).
+    resurrected = sorted(deleted & counts.keys())
+    assert not resurrected, f"deleted ids back in the table: {resurrected[:20]}"
+    assert counts.keys() == expected_ids, (
+        f"unknown ids: {sorted(counts.keys() - expected_ids)[:20]}"
+    )
+    # Row for row: every remaining row is exactly as it was written.
+    assert_same_rows(expected, actual)
+
+    # The test tested something: compactions committed between the writer's commits.
+    snapshots = _snapshots(table)
+    writer_seqs = [
+        s.sequence_number
+        for s in snapshots
+        if s.sequence_number > initial_head.sequence_number and not _is_compactor(s)
+    ]
+    assert writer_seqs, "the writer committed nothing"
+    interleaved = [
+        s
+        for s in snapshots
+        if _is_compactor(s) and writer_seqs[0] < s.sequence_number < writer_seqs[-1]
+    ]
+    assert during and interleaved, (
+        f"no compaction committed while the writer ran ({len(results)} runs, "
+        f"{len(refused_runs)} refused)"
+    )
+
+    # compactor's own files were all either committed or cleaned up, and its run record is gone.
+    leftovers = [p for p in unreferenced_files(table) if Path(p).name.startswith("compactor-")]
+    assert leftovers == []
+    assert read_record(table) is None
+
+    # What happened, for -s / -rP: how hard the two sides raced.
+    by_id = {s.snapshot_id: s for s in snapshots}
+    raced = 0
+    for result in results:
+        start = by_id[result.plan.snapshot_id].sequence_number
+        for commit in result.commits:
+            end = by_id[commit.snapshot_id].sequence_number
+            raced += any(start < seq < end for seq in writer_seqs)
+    refused_groups = sum(1 for r in results for f in r.failures if f.kind == "conflict")
+    print(
+        f"writer: {said[-1]}; compactions: {len(results) + len(refused_runs)} "
+        f"while writing, {len(during)} committed ({len(interleaved)} snapshots between writer "
+        f"commits, {raced} over concurrent writer commits), {len(refused_runs)} refused whole, "
+        f"{refused_groups} groups refused; final: {len(final.commits)} commits; "
+        f"rows: {actual.num_rows}, deleted: {len(deleted)}"
+    )
