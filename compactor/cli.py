@@ -430,6 +430,129 @@ def inspect(
     _guarded(go)
 
 
+def _print_deletions(title: str, data: dict[str, Any], dry_run: bool) -> None:
+    verb = "would delete" if dry_run else "deleted"
+    table = RichTable(title=title)
+    for column in ("kind", "files", "bytes"):
+        table.add_column(column, justify="left" if column == "kind" else "right")
+    for kind, counts in data["deleted"].items():
+        table.add_row(kind.replace("_", " "), str(counts["files"]), format_size(counts["bytes"]))
+    if data["deleted"]:
+        out.print(table)
+    out.print(
+        f"{data['table']}: {verb} {data['files_deleted']} files ({format_size(data['bytes_deleted'])})"
+        + (
+            f"; refused {data['refused_outside_table_location']} outside the table location"
+            if data["refused_outside_table_location"]
+            else ""
+        )
+        + (f"; {len(data['failed'])} could not be deleted" if data["failed"] else "")
+    )
+
+
+@app.command()
+def expire(
+    table: TableOpt,
+    catalog: CatalogOpt = None,
+    older_than: Annotated[
+        str | None,
+        typer.Option(
+            help="Expire snapshots older than this: a duration (12h, 5d, 2w) or an ISO timestamp. "
+            "Default: the table's history.expire.max-snapshot-age-ms, else 5d."
+        ),
+    ] = None,
+    retain_last: Annotated[
+        int | None,
+        typer.Option(
+            help="Keep at least this many snapshots of each branch. "
+            "Default: the table's history.expire.min-snapshots-to-keep, else 1."
+        ),
+    ] = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="Show what would be expired and deleted; change nothing."),
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Expire old snapshots, then delete the files only expired snapshots could reach.
+
+    Branches and tags keep their snapshots (and their own retention properties); the current
+    snapshot is never expired; nothing outside the table's location is deleted. Old
+    metadata.json files go too when write.metadata.delete-after-commit.enabled is true.
+
+    Example: compactor expire --table db.events --older-than 2d --retain-last 10 --dry-run
+    """
+
+    def go() -> None:
+        import time
+
+        from compactor.expire import expire_snapshots, retention_policy
+
+        tbl = _open_table(catalog, table)
+        policy = retention_policy(tbl, table, older_than, retain_last, int(time.time() * 1000))
+        data = expire_snapshots(tbl, table, policy, dry_run=dry_run).to_dict()
+        if as_json:
+            print(json.dumps(data, indent=2))
+            return
+        verb = "would expire" if dry_run else "expired"
+        out.print(
+            f"{table}: {verb} {data['snapshots_expired']} snapshots, kept {data['snapshots_retained']}"
+            + (f"; removed refs {', '.join(data['refs_removed'])}" if data["refs_removed"] else "")
+        )
+        _print_deletions(f"files only expired snapshots reached ({table})", data, dry_run)
+        if data["failed"]:
+            raise CompactorError(f"table {table}: could not delete {data['failed'][0]} and others")
+
+    _guarded(go)
+
+
+@app.command()
+def orphans(
+    table: TableOpt,
+    catalog: CatalogOpt = None,
+    older_than: Annotated[
+        str | None,
+        typer.Option(
+            help="Only delete files older than this (a duration or an ISO timestamp), so files "
+            "of commits in flight are safe. Default: 3d."
+        ),
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="List the orphan files; delete nothing.")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Delete files under the table's location that no metadata of the table references.
+
+    Symlinks, odd locations and anything outside the table's location are refused.
+
+    Example: compactor orphans --table db.events --dry-run
+    """
+
+    def go() -> None:
+        import time
+
+        from compactor.orphans import orphan_cutoff, remove_orphans
+
+        tbl = _open_table(catalog, table)
+        cutoff = orphan_cutoff(older_than, int(time.time() * 1000))
+        data = remove_orphans(tbl, table, cutoff, dry_run=dry_run).to_dict()
+        if as_json:
+            print(json.dumps(data, indent=2))
+            return
+        out.print(
+            f"{table}: listed {data['listed_files']} files; {data['orphan_files']} orphans; "
+            f"{data['skipped_too_young']} unreferenced but too young; {len(data['refused'])} refused"
+        )
+        for location in data["orphans"]:
+            out.print(f"  {location}", markup=False, highlight=False)
+        _print_deletions(f"orphan files ({table})", data, dry_run)
+        if data["failed"]:
+            raise CompactorError(f"table {table}: could not delete {data['failed'][0]} and others")
+
+    _guarded(go)
+
+
 @app.command()
 def demo(
     commits: Annotated[

@@ -2,51 +2,98 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from pyiceberg.manifest import ManifestFile
+from pyiceberg.manifest import DataFileContent, ManifestFile
 from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Snapshot
+
+from compactor.paths import UnsafePathError, location_key
 
 MANIFEST_READERS = 8
+
+MANIFEST_LIST = "manifest_lists"
+MANIFEST = "manifests"
+STATISTICS = "statistics"
+CONTENT_KINDS = {
+    DataFileContent.DATA: "data_files",
+    DataFileContent.POSITION_DELETES: "position_delete_files",
+    DataFileContent.EQUALITY_DELETES: "equality_delete_files",
+}
+KINDS = (MANIFEST_LIST, MANIFEST, *CONTENT_KINDS.values(), STATISTICS)
+
+
+@dataclass(frozen=True)
+class FileRef:
+    """A file named by table metadata: its kind and, when the metadata says, its size."""
+
+    location: str
+    kind: str
+    size: int | None
 
 
 @dataclass
 class References:
-    """Paths reachable from the snapshots of a table's metadata, by kind."""
+    """Files reachable from a set of snapshots, keyed by the location the metadata spells."""
 
-    manifest_lists: set[str] = field(default_factory=set)
-    manifests: set[str] = field(default_factory=set)
-    content_files: set[str] = field(default_factory=set)
-    statistics: set[str] = field(default_factory=set)
+    files: dict[str, FileRef] = field(default_factory=dict)
+
+    def add(self, location: str, kind: str, size: int | None) -> None:
+        self.files.setdefault(location, FileRef(location, kind, size))
 
     def all(self) -> set[str]:
-        return self.manifest_lists | self.manifests | self.content_files | self.statistics
+        return set(self.files)
+
+    def keys(self) -> set[str]:
+        """Comparable keys (see :func:`compactor.paths.location_key`) of every reachable file.
+
+        A location that cannot be normalised is kept verbatim, so it still protects its file.
+        """
+        keys = set()
+        for location in self.files:
+            try:
+                keys.add(location_key(location))
+            except UnsafePathError:
+                keys.add(location)
+        return keys
 
 
-def table_references(table: Table) -> References:
-    """Files reachable from any snapshot still in ``table``'s metadata (every ref, every entry).
+def table_references(table: Table, snapshots: Iterable[Snapshot] | None = None) -> References:
+    """Files reachable from ``snapshots`` (default: every snapshot in the table's metadata).
 
-    Entries of every status count (a DELETED entry still names a file its snapshot's parent
-    reads), and so do statistics files.
+    Live entries (ADDED, EXISTING) count: a DELETED entry is not part of its snapshot, and a
+    retained parent that still reads that file lists it as live itself. The snapshots'
+    statistics files count too.
     """
     refs = References()
     metadata, io = table.metadata, table.io
+    chosen = list(metadata.snapshots if snapshots is None else snapshots)
+    ids = {s.snapshot_id for s in chosen}
     manifests: dict[str, ManifestFile] = {}
-    for snapshot in metadata.snapshots:
-        refs.manifest_lists.add(snapshot.manifest_list)
+    for snapshot in chosen:
+        refs.add(snapshot.manifest_list, MANIFEST_LIST, None)
         for manifest in snapshot.manifests(io):
             manifests.setdefault(manifest.manifest_path, manifest)
-    refs.manifests = set(manifests)
-    refs.statistics = {s.statistics_path for s in metadata.statistics}
-    refs.statistics |= {s.statistics_path for s in metadata.partition_statistics}
+    for manifest in manifests.values():
+        refs.add(manifest.manifest_path, MANIFEST, manifest.manifest_length)
+    for stats in [*metadata.statistics, *metadata.partition_statistics]:
+        if stats.snapshot_id in ids:
+            refs.add(stats.statistics_path, STATISTICS, stats.file_size_in_bytes)
 
-    def paths(manifest: ManifestFile) -> list[str]:
+    def entries(manifest: ManifestFile) -> list[FileRef]:
         return [
-            e.data_file.file_path for e in manifest.fetch_manifest_entry(io, discard_deleted=False)
+            FileRef(
+                e.data_file.file_path,
+                CONTENT_KINDS[e.data_file.content],
+                e.data_file.file_size_in_bytes,
+            )
+            for e in manifest.fetch_manifest_entry(io, discard_deleted=True)
         ]
 
     with ThreadPoolExecutor(MANIFEST_READERS) as pool:
-        for found in pool.map(paths, manifests.values()):
-            refs.content_files.update(found)
+        for found in pool.map(entries, manifests.values()):
+            for ref in found:
+                refs.add(ref.location, ref.kind, ref.size)
     return refs

@@ -1,0 +1,42 @@
+"""Durations and cut-off times for flags such as ``--older-than 5d``."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+
+from compactor.errors import UsageError
+
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)\s*$")
+
+DAY_MS = _UNIT_MS["d"]
+
+
+def parse_cutoff(text: str, setting: str, now_ms: int) -> int:
+    """A cut-off in epoch ms from a duration before now (``5d``, ``12h``) or an ISO timestamp."""
+    match = _DURATION.match(text)
+    if match:
+        return now_ms - int(float(match.group(1)) * _UNIT_MS[match.group(2)])
+    try:
+        moment = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise UsageError(
+            f"{setting} {text!r}: expected a duration (30m, 12h, 5d, 2w) or an ISO timestamp "
+            "(2026-11-20T00:00:00+00:00)"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1000)
+
+
+def format_duration(ms: int) -> str:
+    """``432000000`` -> ``5d``; the largest unit that divides it, else hours with a fraction."""
+    for unit in ("w", "d", "h", "m", "s"):
+        if ms and ms % _UNIT_MS[unit] == 0:
+            return f"{ms // _UNIT_MS[unit]}{unit}"
+    return f"{ms / _UNIT_MS['h']:.2f}h"
+
+
+def format_time(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")

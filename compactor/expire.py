@@ -1,0 +1,316 @@
+"""Expire old snapshots, then delete the files only expired snapshots could reach.
+
+Retention follows Iceberg's RemoveSnapshots (Java): every branch keeps its head, its last
+``min-snapshots-to-keep`` ancestors and every ancestor younger than ``max-snapshot-age-ms`` —
+the branch's own values where it sets them, else the table's ``history.expire.*`` properties,
+else the flags' defaults; tags keep their snapshot; a branch or tag older than its
+``max-ref-age-ms`` is removed (``main`` never is); snapshots no ref reaches are kept while
+young. The current snapshot is never expired.
+
+Files to delete are computed from reachability: every file the table's metadata reached before
+the commit, minus every file its remaining snapshots reach after it. Nothing outside the table's
+location is deleted.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.table import Table, TableProperties
+from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
+from pyiceberg.table.update import (
+    AssertRefSnapshotId,
+    AssertTableUUID,
+    RemoveSnapshotRefUpdate,
+    RemoveSnapshotsUpdate,
+)
+
+from compactor.deleter import delete_files
+from compactor.durations import DAY_MS, parse_cutoff
+from compactor.errors import CommitConflictError, ConfigError, UsageError
+from compactor.paths import UnsafePathError, is_within, location_key
+from compactor.references import FileRef, References, table_references
+from compactor.storage import list_files
+
+MAX_SNAPSHOT_AGE_PROPERTY = "history.expire.max-snapshot-age-ms"
+MIN_SNAPSHOTS_PROPERTY = "history.expire.min-snapshots-to-keep"
+MAX_REF_AGE_PROPERTY = "history.expire.max-ref-age-ms"
+DEFAULT_MAX_SNAPSHOT_AGE_MS = 5 * DAY_MS
+DEFAULT_MIN_SNAPSHOTS_TO_KEEP = 1
+METADATA_KIND = "metadata_files"
+COMMIT_ATTEMPTS = 5
+STAT_THREADS = 8
+
+
+@dataclass(frozen=True)
+class RetentionPolicy:
+    """Table-wide retention: branches and tags may override parts of it."""
+
+    older_than_ms: int
+    retain_last: int
+    max_ref_age_ms: int | None
+
+
+def _property(table: Table, identifier: str, name: str) -> int | None:
+    value = table.metadata.properties.get(name)
+    if value is None:
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        raise ConfigError(
+            f"table {identifier}: property {name}={value!r} is not an integer"
+        ) from None
+    if number <= 0:
+        raise ConfigError(f"table {identifier}: property {name}={value!r} must be positive")
+    return number
+
+
+def retention_policy(
+    table: Table, identifier: str, older_than: str | None, retain_last: int | None, now_ms: int
+) -> RetentionPolicy:
+    """Flags over the table's ``history.expire.*`` properties over Iceberg's defaults."""
+    if older_than is not None:
+        cutoff = parse_cutoff(older_than, "--older-than", now_ms)
+    else:
+        max_age = _property(table, identifier, MAX_SNAPSHOT_AGE_PROPERTY)
+        cutoff = now_ms - (max_age if max_age is not None else DEFAULT_MAX_SNAPSHOT_AGE_MS)
+    if retain_last is not None and retain_last < 1:
+        raise UsageError(f"--retain-last: must be at least 1, got {retain_last}")
+    keep = retain_last or _property(table, identifier, MIN_SNAPSHOTS_PROPERTY)
+    return RetentionPolicy(
+        older_than_ms=cutoff,
+        retain_last=keep or DEFAULT_MIN_SNAPSHOTS_TO_KEEP,
+        max_ref_age_ms=_property(table, identifier, MAX_REF_AGE_PROPERTY),
+    )
+
+
+@dataclass
+class ExpiryPlan:
+    """Snapshots and refs to remove, and the snapshots that stay."""
+
+    expire: list[int]
+    remove_refs: list[str]
+    retain: set[int]
+
+
+def _ancestors(metadata: TableMetadata, snapshot_id: int) -> list[int]:
+    chain, current = [], metadata.snapshot_by_id(snapshot_id)
+    while current is not None:
+        chain.append(current.snapshot_id)
+        parent = current.parent_snapshot_id
+        current = metadata.snapshot_by_id(parent) if parent is not None else None
+    return chain
+
+
+def plan_expiry(metadata: TableMetadata, policy: RetentionPolicy, now_ms: int) -> ExpiryPlan:
+    """Decide which snapshots and refs go, per the rules in this module's docstring."""
+    timestamps = {s.snapshot_id: s.timestamp_ms for s in metadata.snapshots}
+    remove_refs, retain = [], set()
+    reachable_from_refs: set[int] = set()
+    for name, ref in metadata.refs.items():
+        if ref.snapshot_id not in timestamps:
+            continue
+        max_ref_age = ref.max_ref_age_ms or policy.max_ref_age_ms
+        if (
+            name != MAIN_BRANCH
+            and max_ref_age
+            and now_ms - timestamps[ref.snapshot_id] > max_ref_age
+        ):
+            remove_refs.append(name)
+            continue
+        if ref.snapshot_ref_type == SnapshotRefType.TAG:
+            retain.add(ref.snapshot_id)
+            reachable_from_refs.add(ref.snapshot_id)
+            continue
+        keep = ref.min_snapshots_to_keep or policy.retain_last
+        cutoff = (
+            now_ms - ref.max_snapshot_age_ms if ref.max_snapshot_age_ms else policy.older_than_ms
+        )
+        chain = _ancestors(metadata, ref.snapshot_id)
+        reachable_from_refs.update(chain)
+        for count, snapshot_id in enumerate(chain):
+            if count < keep or timestamps[snapshot_id] >= cutoff:
+                retain.add(snapshot_id)
+            else:
+                break
+    for snapshot_id, timestamp in timestamps.items():
+        if snapshot_id not in reachable_from_refs and timestamp >= policy.older_than_ms:
+            retain.add(snapshot_id)
+    if metadata.current_snapshot_id is not None:
+        retain.add(metadata.current_snapshot_id)
+    expire = sorted(set(timestamps) - retain)
+    return ExpiryPlan(expire=expire, remove_refs=sorted(remove_refs), retain=retain)
+
+
+@dataclass
+class DeletionReport:
+    """Files deleted (or that would be, in a dry run) by kind, and what was refused."""
+
+    by_kind: dict[str, list[FileRef]] = field(default_factory=lambda: defaultdict(list))
+    outside_location: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        kinds = {
+            kind: {"files": len(refs), "bytes": sum(r.size or 0 for r in refs)}
+            for kind, refs in sorted(self.by_kind.items())
+        }
+        return {
+            "deleted": kinds,
+            "files_deleted": sum(k["files"] for k in kinds.values()),
+            "bytes_deleted": sum(k["bytes"] for k in kinds.values()),
+            "refused_outside_table_location": len(self.outside_location),
+            "failed": self.failed,
+        }
+
+
+def delete_unreachable(
+    table: Table, candidates: list[FileRef], *, dry_run: bool, report: DeletionReport
+) -> None:
+    """Delete ``candidates`` that lie under the table's location; record everything in ``report``."""
+    chosen: list[FileRef] = []
+    for ref in candidates:
+        if is_within(ref.location, table.metadata.location):
+            chosen.append(ref)
+        else:
+            report.outside_location.append(ref.location)
+    chosen = _with_sizes(table, chosen)
+    failed = set() if dry_run else set(delete_files(table.io, [r.location for r in chosen]))
+    report.failed.extend(sorted(failed))
+    for ref in chosen:
+        if ref.location not in failed:
+            report.by_kind[ref.kind].append(ref)
+
+
+def _with_sizes(table: Table, refs: list[FileRef]) -> list[FileRef]:
+    """Fill in sizes the metadata does not record (manifest lists) from storage."""
+
+    def sized(ref: FileRef) -> FileRef:
+        if ref.size is not None:
+            return ref
+        try:
+            return FileRef(ref.location, ref.kind, len(table.io.new_input(ref.location)))
+        except OSError:
+            return FileRef(ref.location, ref.kind, 0)
+
+    with ThreadPoolExecutor(STAT_THREADS) as pool:
+        return list(pool.map(sized, refs))
+
+
+def _unreachable(before: References, after: References) -> list[FileRef]:
+    kept = after.keys()
+    gone = []
+    for location, ref in before.files.items():
+        try:
+            key = location_key(location)
+        except UnsafePathError:
+            continue  # never delete what cannot be compared safely
+        if key not in kept:
+            gone.append(ref)
+    return gone
+
+
+def _commit_expiry(table: Table, plan: ExpiryPlan) -> None:
+    head = table.metadata.snapshot_by_name(MAIN_BRANCH)
+    requirements = (AssertTableUUID(uuid=table.metadata.table_uuid),) + (
+        (AssertRefSnapshotId(ref=MAIN_BRANCH, snapshot_id=head.snapshot_id),) if head else ()
+    )
+    updates = tuple(RemoveSnapshotRefUpdate(ref_name=name) for name in plan.remove_refs)
+    if plan.expire:
+        updates += (RemoveSnapshotsUpdate(snapshot_ids=plan.expire),)
+    table.catalog.commit_table(table, requirements, updates)
+    table.refresh()
+
+
+def old_metadata_files(table: Table) -> list[FileRef]:
+    """Metadata files no longer in the metadata log, per ``write.metadata.*`` properties.
+
+    Only when ``write.metadata.delete-after-commit.enabled`` is true; only files older than
+    the oldest version the log keeps (a newer one may belong to a commit in flight).
+    """
+    props = table.metadata.properties
+    enabled = props.get(TableProperties.METADATA_DELETE_AFTER_COMMIT_ENABLED, "false")
+    if enabled.lower() != "true":
+        return []
+    log = table.metadata.metadata_log
+    keep = {location_key(entry.metadata_file) for entry in log}
+    keep.add(location_key(table.metadata_location))
+    oldest_kept = min([entry.timestamp_ms for entry in log] or [table.metadata.last_updated_ms])
+    directory = table.metadata.location.rstrip("/") + "/metadata"
+    return [
+        FileRef(f.location, METADATA_KIND, f.size)
+        for f in list_files(table.io, directory)
+        if f.location.endswith(".metadata.json")
+        and not f.symlink
+        and location_key(f.location) not in keep
+        and f.mtime_ms < oldest_kept
+    ]
+
+
+@dataclass
+class ExpireResult:
+    """What ``compactor expire`` did; ``to_dict`` is its ``--json`` output."""
+
+    table: str
+    dry_run: bool
+    policy: RetentionPolicy
+    plan: ExpiryPlan
+    report: DeletionReport
+    duration_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "table": self.table,
+            "dry_run": self.dry_run,
+            "older_than_ms": self.policy.older_than_ms,
+            "retain_last": self.policy.retain_last,
+            "snapshots_expired": len(self.plan.expire),
+            "expired_snapshot_ids": self.plan.expire,
+            "refs_removed": self.plan.remove_refs,
+            "snapshots_retained": len(self.plan.retain),
+            **self.report.to_dict(),
+            "duration_s": round(self.duration_s, 3),
+        }
+
+
+def expire_snapshots(
+    table: Table,
+    identifier: str,
+    policy: RetentionPolicy,
+    *,
+    dry_run: bool = False,
+    clock: Callable[[], float] = time.time,
+) -> ExpireResult:
+    """Expire per ``policy`` and delete what only expired snapshots reached."""
+    started = time.monotonic()
+    for attempt in range(COMMIT_ATTEMPTS):
+        now_ms = int(clock() * 1000)
+        before = table_references(table)
+        plan = plan_expiry(table.metadata, policy, now_ms)
+        if dry_run or not (plan.expire or plan.remove_refs):
+            retained = [s for s in table.metadata.snapshots if s.snapshot_id in plan.retain]
+            after = table_references(table, retained)
+            break
+        try:
+            _commit_expiry(table, plan)
+        except CommitFailedException as exc:
+            if attempt == COMMIT_ATTEMPTS - 1:
+                raise CommitConflictError(
+                    f"table {identifier}: expiry still conflicting after {COMMIT_ATTEMPTS} attempts: {exc}"
+                ) from exc
+            table.refresh()
+            continue
+        after = table_references(table)
+        break
+    report = DeletionReport()
+    delete_unreachable(table, _unreachable(before, after), dry_run=dry_run, report=report)
+    delete_unreachable(table, old_metadata_files(table), dry_run=dry_run, report=report)
+    return ExpireResult(identifier, dry_run, policy, plan, report, time.monotonic() - started)
