@@ -397,13 +397,17 @@ def commit_replace(
                 AssertTableUUID(uuid=table.metadata.table_uuid),
                 AssertRefSnapshotId(ref=MAIN_BRANCH, snapshot_id=head.snapshot_id),
             )
+            main = table.metadata.refs[MAIN_BRANCH]
             updates = (
                 AddSnapshotUpdate(snapshot=snapshot),
-                SetSnapshotRefUpdate(
+                SetSnapshotRefUpdate(  # keeps main's own retention, as Java does
                     ref_name=MAIN_BRANCH,
                     type=SnapshotRefType.BRANCH,
                     snapshot_id=snapshot.snapshot_id,
                     parent_snapshot_id=head.snapshot_id,
+                    max_ref_age_ms=main.max_ref_age_ms,
+                    max_snapshot_age_ms=main.max_snapshot_age_ms,
+                    min_snapshots_to_keep=main.min_snapshots_to_keep,
                 ),
             )
             in_catalog_call = True

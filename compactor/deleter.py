@@ -8,7 +8,19 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import urlsplit
 
-from pyiceberg.io import FileIO
+from pyiceberg.io import (
+    AWS_ACCESS_KEY_ID,
+    AWS_REGION,
+    AWS_SECRET_ACCESS_KEY,
+    AWS_SESSION_TOKEN,
+    S3_ACCESS_KEY_ID,
+    S3_ENDPOINT,
+    S3_REGION,
+    S3_SECRET_ACCESS_KEY,
+    S3_SESSION_TOKEN,
+    FileIO,
+)
+from pyiceberg.utils.properties import get_first_property_value
 
 log = logging.getLogger(__name__)
 
@@ -18,7 +30,11 @@ S3_SCHEMES = {"s3", "s3a", "s3n"}
 
 
 def _s3_client(io: FileIO) -> Any | None:
-    """A boto3 S3 client configured like the table's FileIO, or None without boto3."""
+    """A boto3 S3 client configured like the table's FileIO, or None without boto3.
+
+    Credentials and region are looked up as pyiceberg's S3 FileIO does: ``s3.*`` first, then
+    the ``client.*`` properties shared by all AWS clients.
+    """
     try:
         import boto3
     except ImportError:
@@ -26,11 +42,13 @@ def _s3_client(io: FileIO) -> Any | None:
     props = io.properties
     return boto3.client(
         "s3",
-        endpoint_url=props.get("s3.endpoint"),
-        aws_access_key_id=props.get("s3.access-key-id"),
-        aws_secret_access_key=props.get("s3.secret-access-key"),
-        aws_session_token=props.get("s3.session-token"),
-        region_name=props.get("s3.region") or props.get("client.region"),
+        endpoint_url=props.get(S3_ENDPOINT),
+        aws_access_key_id=get_first_property_value(props, S3_ACCESS_KEY_ID, AWS_ACCESS_KEY_ID),
+        aws_secret_access_key=get_first_property_value(
+            props, S3_SECRET_ACCESS_KEY, AWS_SECRET_ACCESS_KEY
+        ),
+        aws_session_token=get_first_property_value(props, S3_SESSION_TOKEN, AWS_SESSION_TOKEN),
+        region_name=get_first_property_value(props, S3_REGION, AWS_REGION),
     )
 
 
@@ -46,9 +64,13 @@ def _delete_one(io: FileIO, path: str) -> str | None:
 
 
 def _delete_s3_batch(client: Any, bucket: str, batch: list[tuple[str, str]]) -> list[str]:
-    response = client.delete_objects(
-        Bucket=bucket, Delete={"Objects": [{"Key": key} for key, _ in batch], "Quiet": True}
-    )
+    try:
+        response = client.delete_objects(
+            Bucket=bucket, Delete={"Objects": [{"Key": key} for key, _ in batch], "Quiet": True}
+        )
+    except Exception as exc:  # the whole request failed (denied, unreachable): report its paths
+        log.warning("could not delete %d objects in s3://%s: %s", len(batch), bucket, exc)
+        return [path for _, path in batch]
     by_key = dict(batch)
     failed = [
         by_key[error["Key"]] for error in response.get("Errors", []) if error["Key"] in by_key

@@ -31,6 +31,7 @@ from pyiceberg.table.update import (
     RemoveSnapshotRefUpdate,
     RemoveSnapshotsUpdate,
 )
+from pyiceberg.utils.properties import property_as_int
 
 from compactor.deleter import delete_files
 from compactor.durations import DAY_MS, parse_cutoff
@@ -230,20 +231,31 @@ def _commit_expiry(table: Table, plan: ExpiryPlan) -> None:
     table.refresh()
 
 
-def old_metadata_files(table: Table) -> list[FileRef]:
+def old_metadata_files(table: Table, *, after_commit: bool = False) -> list[FileRef]:
     """Metadata files no longer in the metadata log, per ``write.metadata.*`` properties.
 
     Only when ``write.metadata.delete-after-commit.enabled`` is true; only files older than
-    the oldest version the log keeps (a newer one may belong to a commit in flight).
+    the oldest version the log keeps (a newer one may belong to a commit in flight). With
+    ``after_commit`` (a dry run of an expiry that would commit), the log is the one that commit
+    would leave: the current file joins it and the oldest entries beyond
+    ``write.metadata.previous-versions-max`` drop out.
     """
     props = table.metadata.properties
     enabled = props.get(TableProperties.METADATA_DELETE_AFTER_COMMIT_ENABLED, "false")
     if enabled.lower() != "true":
         return []
-    log = table.metadata.metadata_log
-    keep = {location_key(entry.metadata_file) for entry in log}
+    log = [(entry.metadata_file, entry.timestamp_ms) for entry in table.metadata.metadata_log]
+    if after_commit:
+        limit = property_as_int(
+            props,
+            TableProperties.METADATA_PREVIOUS_VERSIONS_MAX,
+            TableProperties.METADATA_PREVIOUS_VERSIONS_MAX_DEFAULT,
+        )
+        log = [*log, (table.metadata_location, table.metadata.last_updated_ms)]
+        log = log[-max(1, limit or 1) :]
+    keep = {location_key(metadata_file) for metadata_file, _ in log}
     keep.add(location_key(table.metadata_location))
-    oldest_kept = min([entry.timestamp_ms for entry in log] or [table.metadata.last_updated_ms])
+    oldest_kept = min([timestamp for _, timestamp in log] or [table.metadata.last_updated_ms])
     directory = table.metadata.location.rstrip("/") + "/metadata"
     return [
         FileRef(f.location, METADATA_KIND, f.size)
@@ -312,5 +324,7 @@ def expire_snapshots(
         break
     report = DeletionReport()
     delete_unreachable(table, _unreachable(before, after), dry_run=dry_run, report=report)
-    delete_unreachable(table, old_metadata_files(table), dry_run=dry_run, report=report)
+    would_commit = dry_run and bool(plan.expire or plan.remove_refs)
+    metadata_files = old_metadata_files(table, after_commit=would_commit)
+    delete_unreachable(table, metadata_files, dry_run=dry_run, report=report)
     return ExpireResult(identifier, dry_run, policy, plan, report, time.monotonic() - started)
