@@ -10,6 +10,7 @@ import threading
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -24,7 +25,7 @@ from rich.progress import (
 from rich.table import Table as RichTable
 
 from compactor import __version__
-from compactor.errors import EXIT_RUNTIME, CompactorError
+from compactor.errors import EXIT_RUNTIME, CompactorError, ConfigError
 from compactor.settings import (
     DEFAULT_COMMIT_EVERY,
     DEFAULT_DELETE_FILE_THRESHOLD,
@@ -39,7 +40,9 @@ if TYPE_CHECKING:
     from pyiceberg.table import Table
 
     from compactor.compaction import RunResult
+    from compactor.daemon_config import DaemonConfig
     from compactor.health import TableHealth
+    from compactor.jobfiles import Job
     from compactor.planner import Plan
 
 # pyiceberg, and every module built on it, is imported inside the commands, after
@@ -572,6 +575,204 @@ def demo(
         from compactor.demo import run_demo
 
         run_demo(out, commits=commits, rows_per_commit=rows_per_commit, on_error=on_error)
+
+    _guarded(go)
+
+
+ConfigFileOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        help="The daemon's settings file. Default: ./compactor.toml if it exists, else defaults "
+        "(job files in ./jobs, state in $COMPACTOR_HOME/daemon.db).",
+    ),
+]
+
+
+def _load_daemon_setup(config: Path | None) -> tuple[DaemonConfig, list[Job]]:
+    from compactor.daemon_config import load_daemon_config
+    from compactor.jobfiles import load_jobs
+
+    settings = load_daemon_config(config)
+    return settings, load_jobs(settings.jobs_dir)
+
+
+@app.command()
+def daemon(config: ConfigFileOpt = None) -> None:
+    """Run continuously: compact, expire and sweep the tables of the job files on their schedules.
+
+    Serves /metrics (Prometheus) and /healthz on 127.0.0.1:9464 unless `listen` says otherwise,
+    logs one JSON object a line when stderr is not a terminal, and keeps its run history in the
+    state file that `compactor status` reads. SIGTERM or Ctrl-C drains: no new run starts,
+    running ones commit their finished groups, and the process exits 0.
+
+    Example: compactor daemon --config /etc/compactor/compactor.toml
+    """
+
+    def go() -> None:
+        from compactor.daemon import Daemon
+        from compactor.logs import configure_logging
+
+        settings, jobs = _load_daemon_setup(config)
+        configure_logging(settings.section.log_format, _state["verbose"])
+        service = Daemon(settings, jobs)
+
+        def on_signal(signum: int, _frame: object) -> None:
+            logging.getLogger("compactor.daemon").info(
+                "signal received", extra={"event": "signal", "signal": signal.Signals(signum).name}
+            )
+            service.stop()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, on_signal)
+        try:
+            service.serve()
+        except OSError as exc:
+            raise CompactorError(f"daemon: {exc}") from exc
+
+    _guarded(go)
+
+
+jobs_app = typer.Typer(help="Inspect and check the daemon's job files.", no_args_is_help=True)
+app.add_typer(jobs_app, name="jobs")
+
+
+@jobs_app.command("validate")
+def jobs_validate(
+    files: Annotated[
+        list[Path] | None,
+        typer.Argument(
+            help="Job files to check. Default: every *.toml of the daemon's job directory."
+        ),
+    ] = None,
+    config: ConfigFileOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Check job files without starting the daemon; the first problem is reported as FILE:LINE.
+
+    Example: compactor jobs validate jobs/*.toml
+    """
+
+    def go() -> None:
+        from compactor.jobfiles import load_job
+
+        jobs = [load_job(path) for path in files] if files else _load_daemon_setup(config)[1]
+        summary = [
+            {
+                "file": str(job.path),
+                "description": job.spec.description,
+                "catalog": job.spec.catalog,
+                "tables": job.spec.tables,
+                "exclude": job.spec.exclude,
+                "actions": {name: s.describe() for name, s in job.spec.actions().items()},
+            }
+            for job in jobs
+        ]
+        if as_json:
+            print(json.dumps({"valid": True, "jobs": summary}, indent=2))
+            return
+        for job in summary:
+            actions = "; ".join(f"{name} {when}" for name, when in job["actions"].items())
+            excluded = f" except {', '.join(job['exclude'])}" if job["exclude"] else ""
+            out.print(
+                f"{job['file']}: ok: {', '.join(job['tables'])}{excluded}: {actions}",
+                markup=False,
+                highlight=False,
+            )
+
+    _guarded(go)
+
+
+def _when(at: float | None) -> str:
+    from compactor.durations import format_time
+
+    return format_time(int(at * 1000)) if at else "-"
+
+
+@app.command()
+def status(config: ConfigFileOpt = None, as_json: JsonOpt = False) -> None:
+    """Show what the daemon knows: per-table fragmentation, last runs, next planned runs.
+
+    Reads the daemon's state file, so it works while the daemon runs (or after it stopped).
+    """
+
+    def go() -> None:
+        import time
+
+        from compactor.daemon_config import load_daemon_config
+        from compactor.jobfiles import load_jobs
+        from compactor.status import daemon_status
+
+        settings = load_daemon_config(config)
+        if not settings.state_path.exists():
+            raise ConfigError(
+                f"state file {settings.state_path}: does not exist (has the daemon run with this "
+                "--config?)"
+            )
+        jobs = load_jobs(settings.jobs_dir) if settings.jobs_dir.is_dir() else []
+        data = daemon_status(settings, jobs, time.time())
+        if as_json:
+            print(json.dumps(data, indent=2))
+            return
+        tables = RichTable(title=f"tables ({data['state_file']})")
+        for column in (
+            "table",
+            "job",
+            "small files",
+            "delete files",
+            "data files",
+            "score",
+            "due",
+            "last compaction",
+            "next compaction",
+        ):
+            tables.add_column(column, justify="left" if column in ("table", "job") else "right")
+        for t in data["tables"]:
+            last = t["last_compaction"]
+            tables.add_row(
+                t["table"],
+                t["job"],
+                "-" if t["mergeable_small_files"] is None else str(t["mergeable_small_files"]),
+                str(t["delete_files"]),
+                str(t["data_files"]),
+                str(t["score"]),
+                "yes" if t["due"] else "no",
+                f"{last['outcome']} {_when(last['ended_at'])}" if last else "-",
+                _when(t["next_compaction_at"]),
+            )
+        out.print(tables)
+        schedules = RichTable(title="next ticks")
+        for column in ("job", "action", "next run"):
+            schedules.add_column(column)
+        for s in data["schedules"]:
+            schedules.add_row(s["job"], s["action"], _when(s["next_run_at"]))
+        out.print(schedules)
+        runs = RichTable(title="recent runs")
+        for column in (
+            "started",
+            "table",
+            "action",
+            "outcome",
+            "files in",
+            "bytes in",
+            "files out",
+            "error",
+        ):
+            runs.add_column(
+                column, justify="right" if column.startswith(("files", "bytes")) else "left"
+            )
+        for r in data["runs"]:
+            runs.add_row(
+                _when(r["started_at"]),
+                r["table_name"],
+                r["action"],
+                r["outcome"] or "running",
+                str(r["input_files"]),
+                format_size(r["input_bytes"]),
+                str(r["output_files"]),
+                r["error"] or "",
+            )
+        out.print(runs)
 
     _guarded(go)
 

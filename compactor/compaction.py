@@ -124,6 +124,8 @@ class _Runner:
         self.table, self.result, self.options = table, result, options
         self.plan = result.plan
         self.lease, self.progress, self.stop = lease, progress, stop
+        # Set when the run fails: the other groups stop too. The caller's ``stop`` is not ours to set.
+        self._abort = threading.Event()
         self._lock = threading.Lock()
         self._created: list[str] = []
         self._committed: set[str] = set()
@@ -146,6 +148,9 @@ class _Runner:
                 leftovers = [p for p in leftovers if p not in referenced]
             self.undeleted = delete_files(self.table.io, leftovers)
 
+    def _stopping(self) -> bool:
+        return self.stop.is_set() or self._abort.is_set()
+
     def _on_created(self, path: str) -> None:
         self.lease.add_files([path])
         with self._lock:
@@ -155,11 +160,11 @@ class _Runner:
         if self.progress:
             with self._lock:
                 self.progress.advance(f.size)
-        if self.stop.is_set():
+        if self._stopping():
             raise RunCancelled(f"table {self.plan.table}: stopped before this group finished")
 
     def _run_group(self, group: FileGroup) -> GroupResult:
-        if self.stop.is_set():
+        if self._stopping():
             raise RunCancelled(f"table {self.plan.table}: stopped before this group started")
         return rewrite_group(
             group,
@@ -196,7 +201,7 @@ class _Runner:
                 if finished:
                     self._commit(finished)
             except BaseException:
-                self.stop.set()
+                self._abort.set()
                 for future in futures:
                     future.cancel()
                 raise

@@ -13,11 +13,25 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)\s*$")
 DAY_MS = _UNIT_MS["d"]
 
 
+def duration_ms(text: str) -> int | None:
+    """``30m`` -> 1800000; None when ``text`` is not a duration."""
+    match = _DURATION.match(text)
+    return int(float(match.group(1)) * _UNIT_MS[match.group(2)]) if match else None
+
+
+def parse_duration_ms(text: str, setting: str) -> int:
+    """A duration such as ``90s``, ``30m``, ``12h``, ``5d``, ``2w`` in ms; ``setting`` names it."""
+    ms = duration_ms(text)
+    if ms is None:
+        raise UsageError(f"{setting}: {text!r} is not a duration (examples: 90s, 30m, 12h, 5d, 2w)")
+    return ms
+
+
 def parse_cutoff(text: str, setting: str, now_ms: int) -> int:
     """A cut-off in epoch ms from a duration before now (``5d``, ``12h``) or an ISO timestamp."""
-    match = _DURATION.match(text)
-    if match:
-        return now_ms - int(float(match.group(1)) * _UNIT_MS[match.group(2)])
+    ms = duration_ms(text)
+    if ms is not None:
+        return now_ms - ms
     try:
         moment = datetime.fromisoformat(text.strip())
     except ValueError:

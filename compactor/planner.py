@@ -282,7 +282,8 @@ def plan_rewrite(table: Table, identifier: str, options: RewriteOptions) -> Plan
             else:
                 groups.append(group)
 
-    groups.sort(key=lambda g: (-g.input_bytes, g.partition_path))
+    # Most fragmented first: with partial progress, the worst partitions are committed first.
+    groups.sort(key=lambda g: (-len(g.files), -g.input_bytes, g.partition_path))
     for number, group in enumerate(groups):
         group.group_id = number
     plan.groups = groups

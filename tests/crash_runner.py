@@ -19,9 +19,10 @@ Points (see ``POINTS``):
   payload reaches the slot, then the signal, so that slot is left torn.
 
 With SIGKILL the process dies on the spot. After a graceful signal the hook waits until the
-CLI's signal handler has set its stop event, so what the run does next does not depend on
-thread timing. A second SIGINT makes the handler raise KeyboardInterrupt, which (in the main
-thread, where commits run) comes out of the hooked function.
+signal handler has set its stop event (``run``'s, or the daemon's drain event), so what the run
+does next does not depend on thread timing. A second SIGINT makes ``run``'s handler raise
+KeyboardInterrupt, which (in the main thread, where commits run) comes out of the hooked
+function.
 """
 
 from __future__ import annotations
@@ -126,6 +127,7 @@ def install(point: str, n: int, signals: list[signal.Signals]) -> _Trigger:
     from pyiceberg.catalog.sql import SqlCatalog
 
     import compactor.cli
+    import compactor.daemon
     from compactor.committer import _Attempt
     from compactor.inflight import RunLease
     from compactor.parquet_output import RollingParquetWriter
@@ -141,6 +143,14 @@ def install(point: str, n: int, signals: list[signal.Signals]) -> _Trigger:
             yield stop
 
     compactor.cli.stop_on_signals = stop_on_signals
+
+    real_daemon_init = compactor.daemon.Daemon.__init__
+
+    def daemon_init(self: compactor.daemon.Daemon, *args: Any, **kwargs: Any) -> None:
+        real_daemon_init(self, *args, **kwargs)
+        trigger.stop_event = self.stopping  # the daemon drains on this event
+
+    compactor.daemon.Daemon.__init__ = daemon_init  # type: ignore[method-assign]
 
     def after(real: Callable[..., Any]) -> Callable[..., Any]:
         def hooked(*args: Any, **kwargs: Any) -> Any:

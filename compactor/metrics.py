@@ -1,0 +1,158 @@
+"""The daemon's Prometheus metrics and its HTTP endpoint (``/metrics``, ``/healthz``)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+# Run durations from a second to two hours.
+DURATION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200)
+
+
+class DaemonMetrics:
+    """Every metric the daemon exports, in a registry of its own."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.runs = Counter(
+            "compactor_runs",
+            "Finished runs by action and outcome.",
+            ["action", "outcome"],
+            registry=r,
+        )
+        self.rewritten_files = Counter(
+            "compactor_rewritten_files", "Data files removed by committed compactions.", registry=r
+        )
+        self.rewritten_bytes = Counter(
+            "compactor_rewritten_bytes", "Bytes of data files removed by compactions.", registry=r
+        )
+        self.added_files = Counter(
+            "compactor_added_files", "Data files written by committed compactions.", registry=r
+        )
+        self.deleted_files = Counter(
+            "compactor_deleted_files",
+            "Files deleted by expiry and orphan removal.",
+            ["action"],
+            registry=r,
+        )
+        self.deleted_bytes = Counter(
+            "compactor_deleted_bytes",
+            "Bytes deleted by expiry and orphan removal.",
+            ["action"],
+            registry=r,
+        )
+        self.commit_conflicts = Counter(
+            "compactor_commit_conflicts",
+            "File groups refused at commit because a concurrent commit touched their files.",
+            registry=r,
+        )
+        self.duration = Histogram(
+            "compactor_run_duration_seconds",
+            "Run duration by action.",
+            ["action"],
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.small_files = Gauge(
+            "compactor_table_small_files",
+            "Small files a compaction would merge, per table, at the last scan.",
+            ["table"],
+            registry=r,
+        )
+        self.small_bytes = Gauge(
+            "compactor_table_small_bytes",
+            "Bytes of those small files, per table, at the last scan.",
+            ["table"],
+            registry=r,
+        )
+        self.data_files = Gauge(
+            "compactor_table_data_files",
+            "Data files per table at the last scan.",
+            ["table"],
+            registry=r,
+        )
+        self.delete_files = Gauge(
+            "compactor_table_delete_files",
+            "Delete files per table at the last scan.",
+            ["table"],
+            registry=r,
+        )
+        self.queue_length = Gauge("compactor_queue_length", "Runs waiting to start.", registry=r)
+        self.running = Gauge("compactor_running_runs", "Runs in progress.", registry=r)
+        self.scan_errors = Counter(
+            "compactor_scan_errors", "Tables that could not be scored.", registry=r
+        )
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: MetricsServer
+
+    def do_GET(self) -> None:  # noqa: N802 (the name http.server calls)
+        path = self.path.split("?", 1)[0]
+        if path == "/metrics":
+            self._send(200, CONTENT_TYPE_LATEST, self.server.metrics.exposition())
+        elif path == "/healthz":
+            healthy, details = self.server.health()
+            body = json.dumps({"status": "ok" if healthy else "draining", **details}).encode()
+            self._send(200 if healthy else 503, "application/json", body)
+        else:
+            self._send(404, "text/plain; charset=utf-8", b"not found: try /metrics or /healthz\n")
+
+    def _send(self, status: int, content_type: str, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:  # scrapes are not worth a log line
+        return
+
+
+class MetricsServer(ThreadingHTTPServer):
+    """``/metrics`` in Prometheus' text format; ``/healthz``: 200 while running, 503 draining."""
+
+    daemon_threads = True
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        metrics: DaemonMetrics,
+        health: Callable[[], tuple[bool, dict[str, Any]]],
+    ) -> None:
+        if ":" in address[0]:
+            self.address_family = socket.AF_INET6
+        super().__init__(address, _Handler)
+        self.metrics = metrics
+        self.health = health
+        self._thread = threading.Thread(target=self.serve_forever, name="http", daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        host = f"[{host}]" if ":" in str(host) else host
+        return f"http://{host}:{port}"
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.shutdown()
+        self.server_close()

@@ -1,0 +1,361 @@
+"""The daemon as users run it: a real ``compactor daemon`` process against a SQLite catalog.
+
+Every test starts the daemon as a subprocess with a job file whose schedules tick every second,
+follows its structured log (one JSON object a line on stderr) and waits for the events it
+expects; nothing waits on a clock. The daemon is stopped with SIGTERM and must exit 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import assert_same_rows, scan_rows, unreferenced_files
+from prometheus_client.parser import text_string_to_metric_families
+from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.table.snapshots import Operation
+from test_stress import INITIAL_COMMITS, INITIAL_ROWS, _read_log, _start_writer
+from test_stress import TABLE as WRITER_TABLE
+
+from compactor.sample import create_events_table
+
+COMPACTOR = Path(sys.executable).parent / "compactor"
+CRASH_RUNNER = Path(__file__).with_name("crash_runner.py")
+CATALOG = "default"  # the name the catalog fixture gives its tables
+# Bounds for a broken run only: every wait ends on an event the daemon logs.
+EVENT_TIMEOUT_S = 120
+EXIT_TIMEOUT_S = 120
+
+
+class DaemonProcess:
+    """A ``compactor daemon`` subprocess and its log, one parsed JSON event at a time."""
+
+    def __init__(self, command: list[str], env: dict[str, str], cwd: Path) -> None:
+        self.process = subprocess.Popen(
+            command,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: list[str] = []
+        self._events: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+        self.started = self.wait_for(lambda e: e.get("event") == "daemon_started", "start")
+        self.url = self.started["url"]
+
+    def _pump(self) -> None:
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            self.lines.append(line)
+            if line.startswith("{"):
+                self._events.put(json.loads(line))
+        self._events.put(None)
+
+    def wait_for(self, wanted: Callable[[dict[str, Any]], bool], what: str) -> dict[str, Any]:
+        """The next logged event for which ``wanted`` is true (earlier ones are passed over)."""
+        deadline = time.monotonic() + EVENT_TIMEOUT_S
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"no {what} within {EVENT_TIMEOUT_S}s:\n{''.join(self.lines)}")
+            try:
+                event = self._events.get(timeout=left)
+            except queue.Empty:
+                continue
+            if event is None:
+                raise AssertionError(f"daemon ended before {what}:\n{''.join(self.lines)}")
+            if wanted(event):
+                return event
+
+    def run_finished(self, table: str, action: str = "compact", committed: bool = False) -> dict:
+        """The next finished run of ``action`` on ``table`` (that committed, if asked)."""
+
+        def wanted(event: dict[str, Any]) -> bool:
+            return (
+                event.get("event") == "run_finished"
+                and event["table"] == table
+                and event["action"] == action
+                and (not committed or bool(event["snapshot_ids"]))
+            )
+
+        return self.wait_for(wanted, f"a {action} run on {table}")
+
+    def terminate(self) -> int:
+        """SIGTERM, then the exit code (the daemon drains first)."""
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=EXIT_TIMEOUT_S)
+
+    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        """``/metrics``, parsed: (sample name, sorted labels) -> value."""
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=30) as response:
+            text = response.read().decode()
+        return {
+            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+        }
+
+
+class Setup:
+    """A catalog, a job directory and the environment a daemon subprocess needs."""
+
+    def __init__(self, tmp_path: Path, catalog: SqlCatalog) -> None:
+        self.root = tmp_path
+        self.catalog = catalog
+        self.jobs = tmp_path / "jobs"
+        self.jobs.mkdir()
+        self.state = tmp_path / "state.db"
+        (tmp_path / "compactor.toml").write_text(
+            "[daemon]\n"
+            f'catalog = "{CATALOG}"\n'
+            'state = "state.db"\n'
+            'listen = "127.0.0.1:0"\n'
+            'log_format = "json"\n'
+            "max_concurrent_runs = 2\n"
+            'backoff_initial = "1s"\n'  # a run a killed daemon left open counts as a failure
+        )
+        env = {
+            k: v for k, v in os.environ.items() if not k.startswith(("PYICEBERG_", "COMPACTOR_"))
+        }
+        prefix = f"PYICEBERG_CATALOG__{CATALOG.upper()}__"
+        env.update(
+            {
+                prefix + "TYPE": "sql",
+                prefix + "URI": catalog.properties["uri"],
+                prefix + "WAREHOUSE": catalog.properties["warehouse"],
+                "HOME": str(tmp_path),
+                "COMPACTOR_HOME": str(tmp_path / "home"),
+            }
+        )
+        root = str(Path(__file__).resolve().parents[1])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        self.env = env
+
+    def job(self, name: str, text: str) -> None:
+        (self.jobs / f"{name}.toml").write_text(text)
+
+    def start(self, *prefix: str) -> DaemonProcess:
+        """``compactor daemon --config compactor.toml``, optionally through a wrapper command."""
+        command = [*prefix] if prefix else [str(COMPACTOR)]
+        return DaemonProcess(
+            [*command, "daemon", "--config", "compactor.toml"], self.env, self.root
+        )
+
+    def runs(self) -> list[dict[str, Any]]:
+        with sqlite3.connect(self.state) as db:
+            db.row_factory = sqlite3.Row
+            return [dict(row) for row in db.execute("SELECT * FROM runs ORDER BY id")]
+
+    def status(self) -> dict[str, Any]:
+        process = subprocess.run(
+            [str(COMPACTOR), "status", "--config", "compactor.toml", "--json"],
+            cwd=self.root,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=EXIT_TIMEOUT_S,
+            check=False,
+        )
+        assert process.returncode == 0, process.stderr
+        result: dict[str, Any] = json.loads(process.stdout)
+        return result
+
+
+COMPACT_EVERY_SECOND = """
+tables = ["db.*"]
+
+[compact]
+every = "1s"
+min_small_files = 2
+min_input_files = 2
+cooldown = "0s"
+"""
+
+
+@pytest.fixture
+def setup(tmp_path: Path, catalog: SqlCatalog) -> Setup:
+    return Setup(tmp_path, catalog)
+
+
+def _compactor_snapshots(table: Any) -> list[Any]:
+    return [
+        s
+        for s in table.metadata.snapshots
+        if s.summary is not None
+        and s.summary.operation == Operation.REPLACE
+        and "compactor.version" in s.summary.additional_properties
+    ]
+
+
+def test_daemon_compacts_beside_a_writer_records_and_reports_it(setup: Setup) -> None:
+    table = create_events_table(
+        setup.catalog, WRITER_TABLE, commits=INITIAL_COMMITS, rows_per_commit=INITIAL_ROWS, days=3
+    )
+    initial_ids = set(scan_rows(table)["event_id"].to_pylist())
+    setup.job("writer", COMPACT_EVERY_SECOND)
+    log = setup.root / "writer.log"
+    ops = 30
+    with open(setup.root / "writer.err", "w") as writer_err:
+        writer = _start_writer(setup.catalog, ops, log, writer_err)
+        daemon = setup.start()
+        try:
+            # The daemon compacts on its own while the writer keeps committing.
+            first = daemon.run_finished(WRITER_TABLE, committed=True)
+            assert first["outcome"] in ("succeeded", "partial")
+            assert first["input_files"] > first["output_files"] > 0
+            assert writer.wait(timeout=EVENT_TIMEOUT_S) == 0, (
+                setup.root / "writer.err"
+            ).read_text()
+            # One more compaction of what the writer left, now that it has stopped.
+            daemon.run_finished(WRITER_TABLE, committed=True)
+            metrics = daemon.metrics()
+        finally:
+            code = daemon.terminate()
+            writer.kill()
+    assert code == 0, "".join(daemon.lines)
+
+    # The rows are exactly what the writer committed, whatever the daemon did in between.
+    batches, deleted = _read_log(log, initial_ids, ops)
+    table = setup.catalog.load_table(WRITER_TABLE)
+    rows = scan_rows(table)
+    expected = (initial_ids | {i for b in batches for i in _batch_ids(b)}) - deleted
+    assert sorted(rows["event_id"].to_pylist()) == sorted(expected)
+    snapshots = _compactor_snapshots(table)
+    assert len(snapshots) >= 2
+    # The writer's own retried commits leave files behind; the daemon's runs leave none.
+    assert [f for f in unreferenced_files(table) if Path(f).name.startswith("compactor-")] == []
+
+    # The state file recorded the runs; /metrics counted them; status reports them.
+    runs = [r for r in setup.runs() if r["action"] == "compact" and r["outcome"] != "noop"]
+    committed = [r for r in runs if json.loads(r["snapshot_ids"])]
+    assert {s.snapshot_id for s in snapshots} == {
+        i for r in committed for i in json.loads(r["snapshot_ids"])
+    }
+    assert all(r["ended_at"] >= r["started_at"] for r in runs)
+    succeeded = metrics[("compactor_runs_total", (("action", "compact"), ("outcome", "succeeded")))]
+    partial = metrics.get(
+        ("compactor_runs_total", (("action", "compact"), ("outcome", "partial"))), 0
+    )
+    assert succeeded + partial >= 2
+    assert metrics[("compactor_rewritten_files_total", ())] >= first["input_files"]
+    assert metrics[("compactor_run_duration_seconds_count", (("action", "compact"),))] >= 2
+    assert ("compactor_table_small_files", (("table", WRITER_TABLE),)) in metrics
+    assert ("compactor_queue_length", ()) in metrics
+    status = setup.status()
+    (row,) = [t for t in status["tables"] if t["table"] == WRITER_TABLE]
+    assert row["job"] == "writer" and row["last_compaction"]["outcome"] in ("succeeded", "partial")
+    assert {(s["job"], s["action"]) for s in status["schedules"]} == {("writer", "compact")}
+    assert len(status["runs"]) == min(len(setup.runs()), 20)
+
+
+def _batch_ids(batch: int) -> list[int]:
+    from stress_writer import DAYS, ROWS_PER_BATCH
+
+    from compactor.sample import events_batch
+
+    return events_batch(batch, ROWS_PER_BATCH, DAYS)["event_id"].to_pylist()
+
+
+def test_sigterm_during_a_run_drains_and_leaves_nothing_behind(setup: Setup) -> None:
+    table = create_events_table(setup.catalog, "db.events", commits=12, rows_per_commit=300, days=3)
+    rows = scan_rows(table)
+    setup.job(
+        "events",
+        COMPACT_EVERY_SECOND.replace(
+            "min_input_files = 2", "min_input_files = 2\ncommit_every = 1"
+        ),
+    )
+    # SIGTERM arrives once the first output file of the first compaction is closed.
+    daemon = setup.start(sys.executable, str(CRASH_RUNNER), "close", "1", "SIGTERM", "--")
+    daemon.wait_for(lambda e: e.get("event") == "draining", "the drain")
+    finished = daemon.run_finished("db.events")
+    assert daemon.process.wait(timeout=EXIT_TIMEOUT_S) == 0, "".join(daemon.lines)
+    assert "crash_runner: close call 1: sending SIGTERM" in "".join(daemon.lines)
+
+    assert finished["outcome"] == "cancelled"
+    assert [r["outcome"] for r in setup.runs()] == ["cancelled"]
+    table = setup.catalog.load_table("db.events")
+    assert_same_rows(rows, scan_rows(table))
+    assert unreferenced_files(table) == []
+    assert not list(
+        (Path(table.location().removeprefix("file://")) / "metadata").glob("compactor-run.*")
+    )
+
+
+def test_a_killed_daemon_is_picked_up_by_the_next_one(setup: Setup) -> None:
+    table = create_events_table(setup.catalog, "db.events", commits=12, rows_per_commit=300, days=3)
+    rows = scan_rows(table)
+    setup.job("events", COMPACT_EVERY_SECOND)
+    killed = setup.start(sys.executable, str(CRASH_RUNNER), "close", "2", "SIGKILL", "--")
+    assert killed.process.wait(timeout=EXIT_TIMEOUT_S) == -signal.SIGKILL
+    assert [r["outcome"] for r in setup.runs()] == [None]  # left open by the dead daemon
+    table = setup.catalog.load_table("db.events")
+    assert unreferenced_files(table), "the killed run should have left output files"
+
+    daemon = setup.start()
+    try:
+        assert daemon.started["interrupted_runs_closed"] == 1
+        daemon.run_finished("db.events", committed=True)
+    finally:
+        assert daemon.terminate() == 0, "".join(daemon.lines)
+    outcomes = [r["outcome"] for r in setup.runs()]
+    assert outcomes[0] == "interrupted" and "succeeded" in outcomes[1:]
+    table = setup.catalog.load_table("db.events")
+    assert_same_rows(rows, scan_rows(table))
+    assert unreferenced_files(table) == []
+
+
+def test_new_tables_matching_a_glob_are_picked_up_and_expired_without_restart(
+    setup: Setup,
+) -> None:
+    create_events_table(setup.catalog, "db.first", commits=6, rows_per_commit=100, days=2)
+    setup.job(
+        "all",
+        COMPACT_EVERY_SECOND
+        + '\n[expire]\nevery = "1s"\nolder_than = "0s"\n'
+        + '\n[orphans]\nevery = "1h"\n',
+    )
+    setup.job("other", 'tables = ["elsewhere.*"]\n[compact]\nevery = "1h"\n')
+    daemon = setup.start()
+    try:
+        daemon.run_finished("db.first", committed=True)
+        # A table created while the daemon runs is found on a later tick.
+        second = create_events_table(
+            setup.catalog, "db.second", commits=6, rows_per_commit=100, days=2
+        )
+        rows = scan_rows(second)
+        daemon.run_finished("db.second", committed=True)
+        expired = daemon.wait_for(
+            lambda e: (
+                e.get("event") == "run_finished"
+                and e["table"] == "db.second"
+                and e["action"] == "expire"
+                and e["input_files"] > 0
+            ),
+            "an expiry of db.second after its compaction",
+        )
+    finally:
+        assert daemon.terminate() == 0, "".join(daemon.lines)
+    assert expired["outcome"] == "succeeded"
+    table = setup.catalog.load_table("db.second")
+    assert len(table.metadata.snapshots) == 1  # only the current one is kept
+    assert_same_rows(rows, scan_rows(table))
+    assert unreferenced_files(table) == []
+    scanned = {t["table"] for t in setup.status()["tables"]}
+    assert scanned == {"db.first", "db.second"}
