@@ -22,15 +22,13 @@ bench_app = typer.Typer(
 DEFAULT_QUERIES = "25,31,49,76,77,80,88,96"
 
 ScaleFactorOpt = Annotated[
-    float, typer.Option(help="TPC-DS scale factor (1 = about 1 GB of raw data). Default 1.")
+    float, typer.Option(help="TPC-DS scale factor (1 = about 1 GB of raw data).")
 ]
 FileSizeOpt = Annotated[
     str,
-    typer.Option(help="Size of each file written while loading, e.g. 1MB, 256KB. Default 1MB."),
+    typer.Option(help="Size of each file written while loading, e.g. 1MB, 256KB."),
 ]
-TargetOpt = Annotated[
-    str, typer.Option(help="Compaction target file size, 64MB..512MiB. Default 512MB.")
-]
+TargetOpt = Annotated[str, typer.Option(help="Compaction target file size, 64MB..512MiB.")]
 AllowSmallOpt = Annotated[
     bool,
     typer.Option(help="Allow a --target-file-size below 64MB (for small runs and tests)."),
@@ -43,7 +41,7 @@ WorkdirOpt = Annotated[
     ),
 ]
 OutOpt = Annotated[
-    Path, typer.Option(help="Directory for report.json and report.md. Default ./bench-report.")
+    Path, typer.Option(help="Directory for report.json, report.md (and chart.png for queries).")
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Also print report.json on stdout.")]
 
@@ -79,13 +77,13 @@ def queries(
     queries: Annotated[
         str,
         typer.Option(
-            help="TPC-DS query numbers, comma-separated. Default: the eight I/O-heavy queries "
-            f"of the Amazon S3 Tables compaction study, {DEFAULT_QUERIES}."
+            help="TPC-DS query numbers, comma-separated. The default is the eight I/O-heavy "
+            "queries of the Amazon S3 Tables compaction study."
         ),
     ] = DEFAULT_QUERIES,
-    warmup: Annotated[int, typer.Option(help="Untimed runs of each query first. Default 1.")] = 1,
+    warmup: Annotated[int, typer.Option(help="Untimed runs of each query first.")] = 1,
     repetitions: Annotated[
-        int, typer.Option(help="Timed runs of each query; the median is reported. Default 3.")
+        int, typer.Option(help="Timed runs of each query; the median is reported.")
     ] = 3,
     workdir: WorkdirOpt = None,
     out: OutOpt = Path("bench-report"),
@@ -108,7 +106,7 @@ def queries(
         str,
         typer.Option(
             help="Bucket for --s3/--s3-endpoint (created if missing; the run's prefix is "
-            "deleted at the end). Default compactor-bench."
+            "deleted at the end)."
         ),
     ] = "compactor-bench",
     as_json: JsonOpt = False,
@@ -158,11 +156,71 @@ def queries(
         settings = {**parameters.to_dict(), "storage": wh.storage, "s3_endpoint": s3_endpoint}
         report = build_report("queries", sys.argv, settings, body)
         _finish(report, out, as_json)
-        different = [q["query"] for q in body["queries"] if not q["identical_results"]]
+        different = [str(q["query"]) for q in body["queries"] if not q["identical_results"]]
         if different:
             raise CompactorError(
-                f"query {different[0]}: results differ after compaction"
-                + (f" (also queries {', '.join(map(str, different[1:]))})" if different[1:] else "")
+                f"{'query' if len(different) == 1 else 'queries'} {', '.join(different)}: "
+                f"results differ before and after compaction (see {out / 'report.md'})"
             )
+
+    _guarded(go)
+
+
+@bench_app.command()
+def rewrite(
+    input_size: Annotated[
+        str, typer.Option(help="Data to compact: the table is loaded until it holds this much.")
+    ] = "1GB",
+    file_size: FileSizeOpt = "1MB",
+    target_file_size: TargetOpt = "512MB",
+    allow_small_target: AllowSmallOpt = False,
+    scale_factor: Annotated[
+        float,
+        typer.Option(
+            help="TPC-DS scale factor of the store_sales rows loaded (repeated as needed to "
+            "reach --input-size)."
+        ),
+    ] = 1.0,
+    workdir: WorkdirOpt = None,
+    out: OutOpt = Path("bench-report"),
+    as_json: JsonOpt = False,
+) -> None:
+    """Compaction throughput on a fragmented table, beside a raw pyarrow floor on the same files.
+
+    Loads TPC-DS store_sales as --file-size files (one per commit) until the table holds
+    --input-size, then measures, each in a fresh process: the floor (plain pyarrow reading
+    the files and writing target-size Parquet files with the same compression, no Iceberg)
+    and compactor's rewrite of the table. Reports MB/s overall and per core, CPU time, peak
+    RSS and output files, and compactor's MB/s as a fraction of the floor's.
+
+    Example: compactor bench rewrite --input-size 1GB --file-size 1MB --out bench-rewrite
+    """
+    from compactor.cli import _guarded, err
+
+    def go() -> None:
+        from compactor.bench.progress import QuietSteps, RichSteps
+        from compactor.bench.report import build_report
+        from compactor.bench.rewrite import RewriteParameters, run_rewrite_benchmark
+        from compactor.bench.warehouse import open_warehouse
+        from compactor.errors import UsageError
+        from compactor.settings import resolve_options
+        from compactor.sizes import parse_size
+
+        parameters = RewriteParameters(
+            scale_factor=scale_factor,
+            input_size=parse_size(input_size, "--input-size"),
+            file_size=parse_size(file_size, "--file-size"),
+            target_file_size=target_file_size,
+            allow_small_target=allow_small_target,
+        )
+        if parameters.input_size <= 0 or parameters.file_size <= 0:
+            raise UsageError("--input-size and --file-size must be above 0")
+        resolve_options(
+            "tpcds", {}, target_file_size=target_file_size, allow_small_target=allow_small_target
+        )
+        steps = RichSteps(err) if err.is_terminal else QuietSteps()
+        with _workdir(workdir) as directory, open_warehouse(directory, bucket="") as wh:
+            body = run_rewrite_benchmark(parameters, wh, directory, steps)
+        _finish(build_report("rewrite", sys.argv, parameters.to_dict(), body), out, as_json)
 
     _guarded(go)

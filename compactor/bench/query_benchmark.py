@@ -8,7 +8,6 @@ again -> compare results and report.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -185,14 +184,8 @@ def run_queries_benchmark(
     warehouse: Warehouse,
     workdir: Path,
     steps: Steps,
-    compactor_step: Callable[
-        [Catalog, list[str], QueriesParameters, Steps], list[RunResult]
-    ] = compact_tables,
 ) -> dict[str, Any]:
-    """Run the whole benchmark; returns the report's body (see compactor.bench.report).
-
-    ``compactor_step`` compacts the tables between the two query runs (``compact_tables``).
-    """
+    """Run the whole benchmark; returns the report's body (see compactor.bench.report)."""
     started = time.monotonic()
     with steps.step(f"generating TPC-DS at scale factor {parameters.scale_factor} (dsdgen)"):
         generator = generate(workdir / GENERATOR_FILE, parameters.scale_factor)
@@ -213,7 +206,11 @@ def run_queries_benchmark(
         with steps.step(f"loading {len(tables)} tables into Iceberg", total=total_rows) as advance:
             for name in tables:
                 _table, stats = load_table(
-                    generator, catalog, name, parameters.file_size, on_rows=advance
+                    generator,
+                    catalog,
+                    name,
+                    parameters.file_size,
+                    on_commit=lambda rows, _: advance(rows),
                 )
                 loaded.append(stats)
         load_s = round(time.monotonic() - load_started, 3)
@@ -232,7 +229,7 @@ def run_queries_benchmark(
         f"in {load['commits']} commits ({load_s:.1f}s)"
     )
     before = _run_all(warehouse, catalog, tables, texts, parameters, steps, "before")
-    results = compactor_step(catalog, tables, parameters, steps)
+    results = compact_tables(catalog, tables, parameters, steps)
     compaction = _compaction_stats(results)
     compaction["files_before"] = load["files"]
     compaction["files_after"] = sum(_snapshot_files(catalog, tables).values())

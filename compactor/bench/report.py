@@ -105,7 +105,7 @@ def queries_markdown(report: dict[str, Any]) -> str:
         *_machine_lines(report),
         f"Loaded {len(load['tables'])} tables ({load['rows_loaded']:,} rows) as {load['files']:,} "
         f"files ({_mb(load['bytes'])} MB) in {load['commits']:,} commits; "
-        f"{p['warmup']} warm-up and {p['repetitions']} timed runs per query (median).",
+        f"per query: {p['warmup']} warm-up run(s), then the median of {p['repetitions']} timed run(s).",
         "",
     ]
     header = ["query", "before (s)", "after (s)", "speedup", "files before", "files after"]

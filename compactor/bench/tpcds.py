@@ -133,7 +133,7 @@ def _slices(batches: Iterator[pa.RecordBatch], sizer: _Sizer) -> Iterator[pa.Tab
 
 def _source(con: duckdb.DuckDBPyConnection, name: str, repeat: bool) -> Iterator[pa.RecordBatch]:
     while True:
-        yield from con.execute(f'SELECT * FROM "{name}"').fetch_record_batch(FETCH_ROWS)
+        yield from con.execute(f'SELECT * FROM "{name}"').to_arrow_reader(FETCH_ROWS)
         if not repeat:
             return
 
@@ -150,19 +150,20 @@ def load_table(
     file_size: int,
     *,
     until_bytes: int | None = None,
-    on_rows: Callable[[int], None] | None = None,
+    on_commit: Callable[[int, int], None] | None = None,
 ) -> tuple[Table, LoadedTable]:
     """Create ``tpcds.<name>`` and append the generated rows one ~``file_size`` file per commit.
 
     With ``until_bytes``, the rows are appended over and over until the table holds that many
-    bytes of data files. Each commit's file size is measured and the next slice sized from it.
+    bytes of data files. Each commit's file size is measured and the next slice sized from it;
+    ``on_commit`` receives each commit's rows and bytes.
     """
     started = time.monotonic()
     with contextlib.suppress(NamespaceAlreadyExistsError):
         catalog.create_namespace(NAMESPACE)
     generated = con.execute(f'SELECT count(*) FROM "{name}"').fetchone()
     rows_generated = int(generated[0]) if generated else 0
-    schema = con.execute(f'SELECT * FROM "{name}" LIMIT 0').fetch_arrow_table().schema
+    schema = con.execute(f'SELECT * FROM "{name}" LIMIT 0').to_arrow_table().schema
     table = catalog.create_table(f"{NAMESPACE}.{name}", schema=schema)
     batches = _source(con, name, repeat=until_bytes is not None and rows_generated > 0)
     sizer = _Sizer(file_size)
@@ -173,8 +174,8 @@ def load_table(
         size = int(_summary(table).get("added-files-size", 0))
         loaded_bytes += size
         sizer.observe(piece.num_rows, size)
-        if on_rows:
-            on_rows(piece.num_rows)
+        if on_commit:
+            on_commit(piece.num_rows, size)
         if until_bytes is not None and loaded_bytes >= until_bytes:
             break
     totals = _summary(table)
