@@ -219,7 +219,7 @@ def rewrite(
             "tpcds", {}, target_file_size=target_file_size, allow_small_target=allow_small_target
         )
         steps = RichSteps(err) if err.is_terminal else QuietSteps()
-        with _workdir(workdir) as directory, open_warehouse(directory, bucket="") as wh:
+        with _workdir(workdir) as directory, open_warehouse(directory) as wh:
             body = run_rewrite_benchmark(parameters, wh, directory, steps)
         _finish(build_report("rewrite", sys.argv, parameters.to_dict(), body), out, as_json)
 

@@ -21,6 +21,7 @@ from compactor.duckdb_views import configure_s3
 from compactor.errors import ConfigError, UsageError
 
 CATALOG_NAME = "bench"
+DEFAULT_BUCKET = "compactor-bench"
 # Files the benchmark creates in its work directory (and removes there before a run).
 CATALOG_FILE = "catalog.db"
 WAREHOUSE_DIR = "warehouse"
@@ -99,7 +100,11 @@ def _reset_workdir(workdir: Path) -> None:
 
 @contextmanager
 def open_warehouse(
-    workdir: Path, *, s3: str | None = None, s3_endpoint: str | None = None, bucket: str
+    workdir: Path,
+    *,
+    s3: str | None = None,
+    s3_endpoint: str | None = None,
+    bucket: str = DEFAULT_BUCKET,
 ) -> Iterator[Warehouse]:
     """A fresh warehouse for one run: local under ``workdir``, or in ``bucket`` on S3.
 
