@@ -25,6 +25,7 @@ from rich.progress import (
 from rich.table import Table as RichTable
 
 from compactor import __version__
+from compactor.bench.cli import bench_app
 from compactor.errors import EXIT_RUNTIME, CompactorError, ConfigError
 from compactor.settings import (
     DEFAULT_COMMIT_EVERY,
@@ -62,6 +63,7 @@ PIPE_WIDTH = 1000
 out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else PIPE_WIDTH)
 err = Console(stderr=True, soft_wrap=True)
 _state = {"verbose": False}
+app.add_typer(bench_app, name="bench")
 
 CatalogOpt = Annotated[
     str | None,
