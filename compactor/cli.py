@@ -618,19 +618,19 @@ def daemon(config: ConfigFileOpt = None) -> None:
         settings, jobs = _load_daemon_setup(config)
         configure_logging(settings.section.log_format, _state["verbose"])
         service = Daemon(settings, jobs)
-
-        def on_signal(signum: int, _frame: object) -> None:
-            logging.getLogger("compactor.daemon").info(
-                "signal received", extra={"event": "signal", "signal": signal.Signals(signum).name}
-            )
-            service.stop()
-
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, on_signal)
+        # Signals wait in the main thread (sigwait), blocked everywhere else: a signal the
+        # kernel would hand to a worker thread can then never go unnoticed.
+        signals = {signal.SIGTERM, signal.SIGINT}
+        signal.pthread_sigmask(signal.SIG_BLOCK, signals)
         try:
-            service.serve()
+            service.start()
         except OSError as exc:
             raise CompactorError(f"daemon: {exc}") from exc
+        received = signal.sigwait(signals)
+        logging.getLogger("compactor.daemon").info(
+            "signal received", extra={"event": "signal", "signal": signal.Signals(received).name}
+        )
+        service.drain()
 
     _guarded(go)
 

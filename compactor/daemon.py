@@ -163,16 +163,6 @@ class Daemon:
             },
         )
 
-    def serve(self) -> None:
-        """Start, then block until :meth:`stop` is called (from a signal handler), then drain."""
-        self.start()
-        self.stopping.wait()
-        self.drain()
-
-    def stop(self) -> None:
-        """Ask the daemon to drain; safe from a signal handler."""
-        self.stopping.set()
-
     def drain(self) -> None:
         """Start nothing new; let running runs finish or abandon their group; close everything."""
         self.stopping.set()
