@@ -17,6 +17,7 @@ import socket
 import threading
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from pyiceberg.table import Table
 
@@ -44,12 +45,32 @@ class RunRecord:
     expires_ms: int
     files: list[str] = field(default_factory=list)
     seq: int = 0
+    process: str = ""  # process_token(pid) when written: tells a reused PID from the writer
 
     def is_live(self, now_ms: int) -> bool:
-        """A record is live until it expires; on this host, only while its process exists."""
-        if self.host == socket.gethostname() and not _process_exists(self.pid):
-            return False
+        """A record is live until it expires; on this host, only while its process exists.
+
+        A restarted container gets the same host name and often the same PID (1): the process
+        token (boot id and start time) tells that PID's new process from the one that wrote.
+        """
+        if self.host == socket.gethostname():
+            if not _process_exists(self.pid):
+                return False
+            token = process_token(self.pid)
+            if self.process and token and token != self.process:
+                return False
         return now_ms < self.expires_ms
+
+
+def process_token(pid: int) -> str:
+    """Boot id and start time of process ``pid`` (Linux); empty where ``/proc`` cannot tell."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    fields = stat.rsplit(")", 1)[-1].split()  # after "pid (comm)": field 3 onwards
+    return f"{boot}:{fields[19]}" if len(fields) > 19 else ""  # field 22: starttime
 
 
 def _process_exists(pid: int) -> bool:
@@ -117,7 +138,14 @@ class RunLease:
         self._table = table
         self._paths = record_paths(table)
         self._ttl_ms = int(ttl_s * 1000)
-        self._record = RunRecord(run_id, socket.gethostname(), os.getpid(), _now_ms(), 0)
+        self._record = RunRecord(
+            run_id,
+            socket.gethostname(),
+            os.getpid(),
+            _now_ms(),
+            0,
+            process=process_token(os.getpid()),
+        )
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         self._heartbeat: threading.Thread | None = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import time
@@ -14,7 +15,14 @@ from helpers import live_data_files, local_path, run_compaction, unreferenced_fi
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 
-from compactor.inflight import LeaseHeldError, RunLease, RunRecord, read_record, record_paths
+from compactor.inflight import (
+    LeaseHeldError,
+    RunLease,
+    RunRecord,
+    process_token,
+    read_record,
+    record_paths,
+)
 from compactor.sample import create_events_table
 
 TABLE = "db.events"
@@ -36,7 +44,15 @@ def _write_slot(table: Table, slot: int, payload: bytes) -> None:
     local_path(record_paths(table)[slot]).write_bytes(payload)
 
 
-def _record(files: list[str], *, host: str | None = None, pid: int, expires_ms: int, seq: int = 1):
+def _record(
+    files: list[str],
+    *,
+    host: str | None = None,
+    pid: int,
+    expires_ms: int,
+    seq: int = 1,
+    process: str = "",
+) -> RunRecord:
     return RunRecord(
         run_id="deadbeef0001",
         host=host or socket.gethostname(),
@@ -45,6 +61,7 @@ def _record(files: list[str], *, host: str | None = None, pid: int, expires_ms: 
         expires_ms=expires_ms,
         files=files,
         seq=seq,
+        process=process,
     )
 
 
@@ -131,3 +148,31 @@ def test_dry_run_ignores_the_lease(catalog: Catalog, events: Table, warehouse: P
         assert result.plan.groups
     finally:
         holder.release()
+
+
+def test_a_reused_pid_does_not_keep_a_dead_run_live(catalog: Catalog, events: Table) -> None:
+    """A restarted container: same host name, same PID, another process."""
+    junk = _junk(events, "compactor-deadbeef0001-g0000-0-00000.parquet")
+    now_ms = int(time.time() * 1000)
+    mine = process_token(os.getpid())
+    assert mine, "this test needs /proc"
+    other_process = mine.rsplit(":", 1)[0] + ":1"  # same boot, started at another time
+    record = _record([junk], pid=os.getpid(), expires_ms=now_ms + 600_000, process=other_process)
+    _write_slot(events, 0, json.dumps(asdict(record)).encode())
+    assert not record.is_live(now_ms)
+
+    result, table = run_compaction(catalog, TABLE)
+    assert result.recovered_files == [junk]
+    assert not local_path(junk).exists()
+    assert result.snapshot_ids
+
+
+def test_the_writing_process_keeps_its_record_live(catalog: Catalog, events: Table) -> None:
+    now_ms = int(time.time() * 1000)
+    record = _record(
+        [], pid=os.getpid(), expires_ms=now_ms + 600_000, process=process_token(os.getpid())
+    )
+    _write_slot(events, 0, json.dumps(asdict(record)).encode())
+    assert record.is_live(now_ms)
+    with pytest.raises(LeaseHeldError, match="backing off"):
+        run_compaction(catalog, TABLE)
