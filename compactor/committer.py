@@ -365,11 +365,14 @@ def commit_replace(
     retry: RetryPolicy | None = None,
     sleep: Callable[[float], None] = time.sleep,
     on_file: Callable[[list[str]], None] | None = None,
+    rewritten_before: frozenset[str] = frozenset(),
 ) -> CommitOutcome:
     """Commit ``results`` as one ``replace`` snapshot on main; refused groups are reported, not raised.
 
     The caller owns the output files of refused groups (``outcome.conflicts``) and deletes them.
     ``on_file`` is told of every metadata file before it is written (for crash recovery).
+    ``rewritten_before`` are the input files the run's earlier commits replaced: a position
+    delete file whose data files were rewritten partly then and partly now is retired now.
     """
     retry = retry or RetryPolicy.for_table(table)
     outcome = CommitOutcome()
@@ -390,7 +393,9 @@ def commit_replace(
         attempt = _Attempt(table, snapshot_id, on_file)
         in_catalog_call = False
         try:
-            snapshot = _write_snapshot(attempt, plan, head, pending, outcome, snapshot_properties)
+            snapshot = _write_snapshot(
+                attempt, plan, head, pending, outcome, snapshot_properties, rewritten_before
+            )
             if snapshot is None:
                 continue  # inputs vanished without a conflicting snapshot in history; re-validate
             requirements = (
@@ -456,6 +461,7 @@ def _write_snapshot(
     pending: dict[int, GroupResult],
     outcome: CommitOutcome,
     snapshot_properties: dict[str, str],
+    rewritten_before: frozenset[str],
 ) -> Snapshot | None:
     table = attempt.table
     rewritten = {f.path: gid for gid, r in pending.items() for f in r.group.files}
@@ -463,7 +469,7 @@ def _write_snapshot(
     dangling = {
         path: delete_file
         for path, (delete_file, targets) in plan.delete_file_targets.items()
-        if targets <= rewritten.keys()
+        if targets & rewritten.keys() and targets <= rewritten.keys() | rewritten_before
     }
     manifests, found = _filter_manifests(attempt, head, plan, inputs, set(dangling))
     missing = {gid for path, gid in rewritten.items() if path not in found}

@@ -129,6 +129,7 @@ class _Runner:
         self._lock = threading.Lock()
         self._created: list[str] = []
         self._committed: set[str] = set()
+        self._rewritten: set[str] = set()  # input files replaced by this run's commits so far
         # True while a catalog commit is under way: if it is interrupted, it may still have landed.
         self._commit_in_doubt = False
         self.undeleted: list[str] | None = None
@@ -219,7 +220,12 @@ class _Runner:
         self._commit_in_doubt = True
         try:
             outcome = commit_replace(
-                self.table, self.plan, batch, properties, on_file=self.lease.add_files
+                self.table,
+                self.plan,
+                batch,
+                properties,
+                on_file=self.lease.add_files,
+                rewritten_before=frozenset(self._rewritten),
             )
         except CommitConflictError as exc:
             self._commit_in_doubt = False
@@ -235,6 +241,7 @@ class _Runner:
             self.result.commits.append(outcome)
             with self._lock:
                 self._committed.update(d.file_path for r in outcome.committed for d in r.data_files)
+            self._rewritten.update(f.path for r in outcome.committed for f in r.group.files)
         elif outcome.conflicts and not self.options.partial_progress:
             reasons = "; ".join(sorted(set(outcome.conflicts.values())))
             raise CommitConflictError(f"table {self.plan.table}: nothing committed: {reasons}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 from helpers import (
+    assert_same_rows,
     commit_delete_files,
     compact_and_verify,
     live_data_files,
@@ -179,3 +180,37 @@ def test_equality_deletes_skip_files_they_apply_to(catalog: Catalog) -> None:
     eu_rows_after = pa.concat_tables(read_data_file(after, f) for f in eu_after)
     assert row_multiset(eu_rows_after) == row_multiset(eu_rows_before)
     assert len(live) < len(live_data_files(table))
+
+
+def test_delete_file_spanning_two_commits_is_retired_by_the_second(catalog: Catalog) -> None:
+    """Partial progress: the data files of one delete file land in groups committed apart."""
+    table = _events(catalog)
+    eu = sorted(_region_files(table, "eu"), key=lambda f: f.file_path)
+    gone = _event_ids_at(table, eu[0], [1]) | _event_ids_at(table, eu[-1], [2])
+    spanning = write_position_delete_file(table, {eu[0]: [1], eu[-1]: [2]})
+    table = commit_delete_files(table, [spanning])
+    # Groups of two files: every partition's four files make two groups, committed one by one.
+    pair = max(f.file_size_in_bytes for f in live_data_files(table).values()) * 2 + 1
+    before = scan_rows(table)
+
+    result, after = run_compaction(
+        catalog,
+        "db.ev",
+        target_file_size=str(pair),
+        max_group_size=str(pair),
+        commit_every=1,
+        max_commits=100,
+    )
+
+    eu_groups = [
+        {f.path for f in g.files}
+        for g in result.plan.groups
+        if {f.path for f in g.files} & {f.file_path for f in eu}
+    ]
+    assert len(eu_groups) == 2 and all(len(g) == 2 for g in eu_groups)
+    assert not any({eu[0].file_path, eu[-1].file_path} <= g for g in eu_groups)
+    assert len(result.snapshot_ids) == len(result.plan.groups)
+    assert live_delete_files(after) == {}
+    assert result.to_dict()["rewritten_delete_files"] == 1
+    assert not gone & set(scan_rows(after).column("event_id").to_pylist())
+    assert_same_rows(before, scan_rows(after))
