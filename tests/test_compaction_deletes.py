@@ -185,7 +185,9 @@ def test_equality_deletes_skip_files_they_apply_to(catalog: Catalog) -> None:
 def test_delete_file_spanning_two_commits_is_retired_by_the_second(catalog: Catalog) -> None:
     """Partial progress: the data files of one delete file land in groups committed apart."""
     table = _events(catalog)
-    eu = sorted(_region_files(table, "eu"), key=lambda f: f.file_path)
+    # In commit order, as the planner packs them: the first and last land in different groups.
+    sequence = {e.data_file.file_path: e.sequence_number for e in live_entries(table)}
+    eu = sorted(_region_files(table, "eu"), key=lambda f: sequence[f.file_path])
     gone = _event_ids_at(table, eu[0], [1]) | _event_ids_at(table, eu[-1], [2])
     spanning = write_position_delete_file(table, {eu[0]: [1], eu[-1]: [2]})
     table = commit_delete_files(table, [spanning])
