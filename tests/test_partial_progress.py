@@ -18,7 +18,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation
 
-from compactor.sample import create_events_table
+from compactor.sample import create_events_table, events_batch
 from compactor.settings import RewriteOptions
 
 TABLE = "db.events"
@@ -101,3 +101,27 @@ def test_failed_group_without_partial_progress_commits_nothing(
     table = catalog.load_table(TABLE)
     assert [s.snapshot_id for s in table.metadata.snapshots] == snapshots
     assert unreferenced_files(table) == []
+
+
+def test_most_fragmented_partitions_are_committed_first(catalog: Catalog, events: Table) -> None:
+    # Three more small files in one partition: 8 there, 5 in each of the others.
+    for batch in range(100, 103):
+        rows = events_batch(batch, 480, days=3)
+        day = pc.day(rows["ts"])
+        events.append(rows.filter(pc.and_(pc.equal(rows["region"], "eu"), pc.equal(day, 2))))
+    worst = {
+        path
+        for path, f in live_data_files(events).items()
+        if f.partition[1] == "eu" and f.partition[0] == 20455
+    }
+    assert len(worst) == 8
+    before = scan_rows(events)
+
+    # One group at a time, so commits follow the plan's order (with more, groups start in it).
+    result, table = run_compaction(catalog, TABLE, commit_every=1, max_commits=100, parallelism=1)
+
+    assert [len(g.files) for g in result.plan.groups] == [8] + [5] * 11
+    assert {f.path for f in result.plan.groups[0].files} == worst
+    first = table.metadata.snapshot_by_id(result.snapshot_ids[0])
+    assert first.summary.additional_properties["deleted-data-files"] == "8"
+    assert_same_rows(before, scan_rows(table))
