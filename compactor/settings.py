@@ -5,6 +5,7 @@ Precedence: command-line flag, then the table's Iceberg property, then the defau
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,8 @@ DEFAULT_ROW_GROUP_SIZE = 128 * MiB
 DEFAULT_READ_AHEAD = 64 * MiB
 # Files at least this large are streamed batch by batch instead of being read ahead whole.
 STREAM_FILE_THRESHOLD = 16 * MiB
+# A container's CPU limit under cgroup v2: "max 100000" or "<quota> <period>".
+CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
 # Partial progress: 0 = one commit at the end (all or nothing); otherwise commit every N groups,
 # in at most DEFAULT_MAX_COMMITS commits (as Iceberg's partial-progress.max-commits).
 DEFAULT_COMMIT_EVERY = 0
@@ -47,8 +50,20 @@ FILTER_EXAMPLE = "region = 'eu' and event_id >= 100"
 
 
 def default_parallelism() -> int:
-    """Groups rewritten at once: one per core."""
-    return max(1, os.cpu_count() or 1)
+    """Groups rewritten at once: one per core this process may use.
+
+    That is the CPU affinity, capped by a cgroup v2 CPU quota (a container's CPU limit), not the
+    machine's core count.
+    """
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = cores or 1
+    try:
+        quota, period = CGROUP_CPU_MAX.read_text().split()
+        if quota != "max":
+            cores = min(cores, math.ceil(int(quota) / int(period)))
+    except (OSError, ValueError):
+        pass
+    return max(1, cores)
 
 
 @dataclass(frozen=True)
