@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +115,7 @@ class Setup:
     """A catalog, a job directory and the environment a daemon subprocess needs."""
 
     def __init__(self, tmp_path: Path, catalog: SqlCatalog) -> None:
+        self.started: list[DaemonProcess] = []
         self.root = tmp_path
         self.catalog = catalog
         self.jobs = tmp_path / "jobs"
@@ -152,9 +153,11 @@ class Setup:
     def start(self, *prefix: str) -> DaemonProcess:
         """``compactor daemon --config compactor.toml``, optionally through a wrapper command."""
         command = [*prefix] if prefix else [str(COMPACTOR)]
-        return DaemonProcess(
+        daemon = DaemonProcess(
             [*command, "daemon", "--config", "compactor.toml"], self.env, self.root
         )
+        self.started.append(daemon)
+        return daemon
 
     def runs(self) -> list[dict[str, Any]]:
         with sqlite3.connect(self.state) as db:
@@ -189,8 +192,14 @@ cooldown = "0s"
 
 
 @pytest.fixture
-def setup(tmp_path: Path, catalog: SqlCatalog) -> Setup:
-    return Setup(tmp_path, catalog)
+def setup(tmp_path: Path, catalog: SqlCatalog) -> Iterator[Setup]:
+    """The test's set-up; a daemon a failed test left running is killed afterwards."""
+    prepared = Setup(tmp_path, catalog)
+    yield prepared
+    for daemon in prepared.started:
+        if daemon.process.poll() is None:
+            daemon.process.kill()
+            daemon.process.wait()
 
 
 def _compactor_snapshots(table: Any) -> list[Any]:
