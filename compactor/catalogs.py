@@ -19,7 +19,7 @@ from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 from pyiceberg.table import Table
 from pyiceberg.utils.config import Config
 
-from compactor.errors import ConfigError, TableNotFoundError, UsageError
+from compactor.errors import ConfigError, TableNotFoundError, UsageError, first_line
 
 EMBEDDED_CATALOG = "default"
 
@@ -66,14 +66,7 @@ def open_catalog(name: str | None) -> Catalog:
     try:
         return load_catalog(name, **cast(dict[str, str | None], properties))
     except Exception as exc:
-        raise ConfigError(f"catalog {name!r}: {_reason(exc)}") from exc
-
-
-def _reason(exc: BaseException) -> str:
-    """First line of an exception's message (KeyError's without the quotes str() adds)."""
-    text = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
-    text = text.strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+        raise ConfigError(f"catalog {name!r}: {first_line(exc)}") from exc
 
 
 def parse_identifier(identifier: str) -> tuple[str, ...]:

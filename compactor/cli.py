@@ -435,7 +435,8 @@ def inspect(
     _guarded(go)
 
 
-def _print_deletions(title: str, data: dict[str, Any], dry_run: bool) -> None:
+def _report_deletions(title: str, data: dict[str, Any], dry_run: bool) -> None:
+    """Print what was (or would be) deleted by kind; fail when some files could not be."""
     verb = "would delete" if dry_run else "deleted"
     table = RichTable(title=title)
     for column in ("kind", "files", "bytes"):
@@ -453,6 +454,10 @@ def _print_deletions(title: str, data: dict[str, Any], dry_run: bool) -> None:
         )
         + (f"; {len(data['failed'])} could not be deleted" if data["failed"] else "")
     )
+    if data["failed"]:
+        raise CompactorError(
+            f"table {data['table']}: could not delete {data['failed'][0]} and others"
+        )
 
 
 @app.command()
@@ -504,9 +509,7 @@ def expire(
             f"{table}: {verb} {data['snapshots_expired']} snapshots, kept {data['snapshots_retained']}"
             + (f"; removed refs {', '.join(data['refs_removed'])}" if data["refs_removed"] else "")
         )
-        _print_deletions(f"files only expired snapshots reached ({table})", data, dry_run)
-        if data["failed"]:
-            raise CompactorError(f"table {table}: could not delete {data['failed'][0]} and others")
+        _report_deletions(f"files only expired snapshots reached ({table})", data, dry_run)
 
     _guarded(go)
 
@@ -551,9 +554,7 @@ def orphans(
         )
         for location in data["orphans"]:
             out.print(f"  {location}", markup=False, highlight=False)
-        _print_deletions(f"orphan files ({table})", data, dry_run)
-        if data["failed"]:
-            raise CompactorError(f"table {table}: could not delete {data['failed'][0]} and others")
+        _report_deletions(f"orphan files ({table})", data, dry_run)
 
     _guarded(go)
 

@@ -20,7 +20,7 @@ from pyiceberg.table import Table
 from compactor import __version__
 from compactor.committer import CommitOutcome, commit_replace
 from compactor.deleter import delete_files
-from compactor.errors import CommitConflictError, CompactorError
+from compactor.errors import CommitConflictError, CompactorError, first_line
 from compactor.inflight import RunLease
 from compactor.planner import FileGroup, InputFile, Plan, plan_rewrite
 from compactor.references import table_references
@@ -102,11 +102,6 @@ class RunResult:
             "duration_s": round(self.duration_s, 3),
             "plan": self.plan.summary(),
         }
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 class _Runner:
@@ -209,7 +204,7 @@ class _Runner:
         self.result.stopped = self.stop.is_set()
 
     def _fail(self, group_id: int, kind: str, error: BaseException) -> None:
-        self.result.failures.append(GroupFailure(group_id, kind, _first_line(error)))
+        self.result.failures.append(GroupFailure(group_id, kind, first_line(error)))
 
     def _commit(self, batch: list[GroupResult]) -> None:
         if self.lease.lost:

@@ -28,7 +28,7 @@ from compactor.catalogs import open_catalog
 from compactor.compaction import compact
 from compactor.daemon_config import DaemonConfig
 from compactor.durations import parse_duration_ms
-from compactor.errors import CommitConflictError
+from compactor.errors import CommitConflictError, first_line
 from compactor.expire import expire_snapshots, retention_policy
 from compactor.fragmentation import FragmentationScanner, due_reasons
 from compactor.history import History, RunRow
@@ -80,11 +80,6 @@ def tables_in_scope(catalog: Catalog, job: Job) -> list[str]:
             continue
         tables.update(".".join(identifier) for identifier in listed)
     return sorted(t for t in tables if job.matches(t))
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 class Daemon:
@@ -204,7 +199,7 @@ class Daemon:
                     "event": "tick_failed",
                     "job": job.name,
                     "action": action,
-                    "error": _first_line(exc),
+                    "error": first_line(exc),
                 },
             )
             return
@@ -245,7 +240,7 @@ class Daemon:
     def _request(self, catalog: Catalog, job: Job, action: str, identifier: str) -> Request | None:
         section = job.spec.actions()[action]
         if not isinstance(section, CompactAction):
-            return Request(identifier, action, job.name, payload=(catalog, section, section))
+            return Request(identifier, action, job.name, payload=(catalog, section, None))
         try:
             table = catalog.load_table(identifier)
             options = resolve_options(
@@ -264,7 +259,7 @@ class Daemon:
             self.metrics.scan_errors.inc()
             log.warning(
                 "cannot score table",
-                extra={"event": "scan_failed", "table": identifier, "error": _first_line(exc)},
+                extra={"event": "scan_failed", "table": identifier, "error": first_line(exc)},
             )
             return None
         if not reasons:
@@ -275,7 +270,7 @@ class Daemon:
             job.name,
             priority=score,
             cooldown_s=parse_duration_ms(section.cooldown, "cooldown") / 1000,
-            payload=(catalog, options, section),
+            payload=(catalog, section, options),
         )
 
     def _score(
@@ -336,12 +331,12 @@ class Daemon:
         try:
             row.outcome = self._perform(request, row)
         except LeaseHeldError as exc:
-            row.outcome, row.error = SKIPPED, _first_line(exc)
+            row.outcome, row.error = SKIPPED, first_line(exc)
         except CommitConflictError as exc:
-            row.outcome, row.error, row.conflicts = CONFLICT, _first_line(exc), 1
+            row.outcome, row.error, row.conflicts = CONFLICT, first_line(exc), 1
             self.metrics.commit_conflicts.inc()
         except Exception as exc:
-            row.outcome, row.error = FAILED, _first_line(exc)
+            row.outcome, row.error = FAILED, first_line(exc)
             log.debug("run failed", exc_info=True)
         duration = time.monotonic() - started
         row.ended_at = self.clock()
@@ -364,30 +359,45 @@ class Daemon:
         self._dispatch()
 
     def _perform(self, request: Request, row: RunRow) -> str:
-        catalog, settings, section = request.payload  # settings: resolved options to compact
+        catalog, section, options = request.payload  # options: resolved, for compactions only
         table = catalog.load_table(request.table)
-        if isinstance(settings, ExpireAction | OrphansAction):
-            now_ms = int(time.time() * 1000)
-            if isinstance(settings, ExpireAction):
-                policy = retention_policy(
-                    table, request.table, settings.older_than, settings.retain_last, now_ms
-                )
-                data = expire_snapshots(table, request.table, policy).to_dict()
-                changed = data["snapshots_expired"] or data["files_deleted"]
-            else:
-                cutoff = orphan_cutoff(settings.older_than, now_ms)
-                data = remove_orphans(table, request.table, cutoff).to_dict()
-                changed = data["files_deleted"]
-            row.input_files, row.input_bytes = data["files_deleted"], data["bytes_deleted"]
-            self.metrics.deleted_files.labels(request.action).inc(data["files_deleted"])
-            self.metrics.deleted_bytes.labels(request.action).inc(data["bytes_deleted"])
-            if data["failed"]:
-                row.error = (
-                    f"could not delete {len(data['failed'])} files, e.g. {data['failed'][0]}"
-                )
-                return PARTIAL
-            return SUCCEEDED if changed else NOOP
-        result = compact(table, request.table, settings, stop=self.stopping)
+        if options is None:
+            return self._reclaim(table, request, section, row)
+        return self._compact(table, request, section, options, row)
+
+    def _reclaim(
+        self, table: Table, request: Request, section: ExpireAction | OrphansAction, row: RunRow
+    ) -> str:
+        """Expire snapshots or remove orphan files; the outcome."""
+        now_ms = int(time.time() * 1000)
+        if isinstance(section, ExpireAction):
+            policy = retention_policy(
+                table, request.table, section.older_than, section.retain_last, now_ms
+            )
+            data = expire_snapshots(table, request.table, policy).to_dict()
+            changed = data["snapshots_expired"] or data["files_deleted"]
+        else:
+            cutoff = orphan_cutoff(section.older_than, now_ms)
+            data = remove_orphans(table, request.table, cutoff).to_dict()
+            changed = data["files_deleted"]
+        row.input_files, row.input_bytes = data["files_deleted"], data["bytes_deleted"]
+        self.metrics.deleted_files.labels(request.action).inc(data["files_deleted"])
+        self.metrics.deleted_bytes.labels(request.action).inc(data["bytes_deleted"])
+        if data["failed"]:
+            row.error = f"could not delete {len(data['failed'])} files, e.g. {data['failed'][0]}"
+            return PARTIAL
+        return SUCCEEDED if changed else NOOP
+
+    def _compact(
+        self,
+        table: Table,
+        request: Request,
+        section: CompactAction,
+        options: RewriteOptions,
+        row: RunRow,
+    ) -> str:
+        """Compact the table; the outcome."""
+        result = compact(table, request.table, options, stop=self.stopping)
         data = result.to_dict()
         row.input_files, row.input_bytes = data["rewritten_files"], data["rewritten_bytes"]
         row.output_files, row.output_bytes = data["added_files"], data["added_bytes"]
@@ -402,7 +412,7 @@ class Daemon:
         self.metrics.commit_conflicts.inc(row.conflicts)
         if result.snapshot_ids:  # show the table as it is now, not as it was before the run
             table.refresh()
-            self._score(table, request.table, request.job, settings, section)
+            self._score(table, request.table, request.job, options, section)
         if result.stopped:
             return CANCELLED
         if not result.plan.groups:

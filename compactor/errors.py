@@ -6,6 +6,16 @@ EXIT_RUNTIME = 1
 EXIT_USAGE = 2
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message, or its type's name when it has none.
+
+    A KeyError's message comes without the quotes ``str()`` puts around it.
+    """
+    text = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
+    text = text.strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 class CompactorError(Exception):
     """An expected failure: printed as one line, no stack trace unless --verbose."""
 

@@ -29,15 +29,16 @@ class Fragmentation:
     data_files: int
     data_bytes: int
     delete_files: int
-    small_files: int | None  # None: scored from the summary alone
-    small_bytes: int | None
-    mergeable_small_files: int | None  # small files in partitions a rewrite would shrink
-    mergeable_small_bytes: int | None
-    partitions: int | None
-    worst_partition: str | None
-    worst_partition_small_files: int | None
     source: str  # SUMMARY or MANIFESTS
     manifests_read: int
+    # None when scored from the summary alone:
+    small_files: int | None = None
+    small_bytes: int | None = None
+    mergeable_small_files: int | None = None  # small files in partitions a rewrite would shrink
+    mergeable_small_bytes: int | None = None
+    partitions: int | None = None
+    worst_partition: str | None = None
+    worst_partition_small_files: int | None = None
 
     @property
     def score(self) -> int:
@@ -106,15 +107,8 @@ class FragmentationScanner:
                 data_files,
                 _summary_int(summary, "total-files-size") or 0,
                 delete_files,
-                None,
-                None,
-                None,
-                None,
-                None,
-                None,
-                None,
                 SUMMARY,
-                0,
+                manifests_read=0,
             )
         else:
             cache = self._caches.setdefault(identifier, ManifestCache())
@@ -128,15 +122,15 @@ class FragmentationScanner:
                 health.data_files,
                 health.data_bytes,
                 health.delete_files,
-                health.small_files,
-                health.small_bytes,
-                mergeable,
-                mergeable_bytes,
-                len(health.partitions),
-                worst[0].partition if worst else None,
-                worst[0].small_files if worst else None,
                 MANIFESTS,
-                cache.manifests_read - read_before,
+                manifests_read=cache.manifests_read - read_before,
+                small_files=health.small_files,
+                small_bytes=health.small_bytes,
+                mergeable_small_files=mergeable,
+                mergeable_small_bytes=mergeable_bytes,
+                partitions=len(health.partitions),
+                worst_partition=worst[0].partition if worst else None,
+                worst_partition_small_files=worst[0].small_files if worst else None,
             )
         self._last[identifier] = (key, found)
         return found

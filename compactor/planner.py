@@ -26,7 +26,7 @@ from pyiceberg.manifest import (
 from pyiceberg.table import Table
 from pyiceberg.typedef import Record
 
-from compactor.errors import UnsupportedTableError, UsageError
+from compactor.errors import UnsupportedTableError, UsageError, first_line
 from compactor.pyiceberg_compat import DeleteFileIndex, FilePruner
 from compactor.settings import RewriteOptions
 
@@ -140,8 +140,7 @@ def parse_where(table: Table, where: str | None) -> BooleanExpression:
         expression = parse_filter(where)
         bind(table.schema(), expression, case_sensitive=True)
     except Exception as exc:  # pyparsing and binding raise several unrelated types
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise UsageError(f"--where {where!r}: {reason}") from None
+        raise UsageError(f"--where {where!r}: {first_line(exc)}") from None
     return expression
 
 

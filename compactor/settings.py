@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from compactor.errors import ConfigError, UsageError
+from compactor.errors import ConfigError, UsageError, first_line
 from compactor.sizes import format_size, format_size_exact, parse_size
 
 MiB = 2**20
@@ -134,7 +134,7 @@ def check_pyiceberg_config() -> None:
     try:
         Config()
     except Exception as exc:  # strictyaml, OSError, or ValueError for clashing variables
-        problem = getattr(exc, "problem", None) or _first_line(exc)
+        problem = getattr(exc, "problem", None) or first_line(exc)
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark is not None else ""
         source = pyiceberg_config_file() or "PYICEBERG_* environment variables"
@@ -156,11 +156,6 @@ def check_filter_syntax(where: str) -> None:
         raise UsageError(
             f'--where {where!r}: not a valid filter{at} (example: "{FILTER_EXAMPLE}")'
         ) from None
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def resolve_options(

@@ -24,6 +24,7 @@ from pyiceberg.table.refs import MAIN_BRANCH
 from pyiceberg.types import LongType, NestedField, StringType
 from test_cli import assert_one_error_line, compactor, embedded
 
+from compactor.durations import DAY_MS
 from compactor.errors import ConfigError, UsageError
 from compactor.expire import (
     DEFAULT_MAX_SNAPSHOT_AGE_MS,
@@ -45,7 +46,6 @@ SCHEMA = Schema(
     NestedField(1, "id", LongType(), required=False),
     NestedField(2, "v", StringType(), required=False),
 )
-DAY_MS = 86_400_000
 
 
 # --- building tables -------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from pyiceberg.types import LongType, NestedField, StringType
 from test_cli import assert_one_error_line, compactor, embedded
 
 import compactor.orphans as orphans_module
+from compactor.durations import DAY_MS
 from compactor.expire import DeletionReport
 from compactor.orphans import (
     ORPHAN_DATA,
@@ -42,7 +43,6 @@ SCHEMA = Schema(
     NestedField(1, "id", LongType(), required=False),
     NestedField(2, "v", StringType(), required=False),
 )
-DAY_MS = 86_400_000
 NOW_MS = int(time.time() * 1000)  # the suite's "now": file ages are set relative to it
 OLD_MS = NOW_MS - 10 * DAY_MS  # well past the default three-day grace period
 
