@@ -49,8 +49,8 @@ from pyiceberg.table.update import (
 from pyiceberg.utils.properties import property_as_int
 
 from compactor.deleter import delete_files
-from compactor.errors import CommitConflictError
-from compactor.planner import FileGroup, InputFile, Plan
+from compactor.errors import CommitConflictError, CommitStateUnknownError, first_line
+from compactor.planner import FileGroup, InputFile, Plan, is_unpartitioned
 from compactor.pyiceberg_compat import DeleteFileIndex, manifest_writer
 from compactor.rewriter import GroupResult
 
@@ -151,7 +151,7 @@ def find_conflicts(
                 new_position_deletes.add_delete_file(entry, partition_key=data_file.partition)
                 has_position_deletes = True
             elif data_file.content == DataFileContent.EQUALITY_DELETES:
-                is_global = specs[data_file.spec_id].is_unpartitioned()
+                is_global = is_unpartitioned(specs[data_file.spec_id])
                 for key, members in by_partition.items():
                     if is_global or key == (data_file.spec_id, data_file.partition):
                         for g in members:
@@ -366,6 +366,7 @@ def commit_replace(
     sleep: Callable[[float], None] = time.sleep,
     on_file: Callable[[list[str]], None] | None = None,
     rewritten_before: frozenset[str] = frozenset(),
+    fence: Callable[[], None] | None = None,
 ) -> CommitOutcome:
     """Commit ``results`` as one ``replace`` snapshot on main; refused groups are reported, not raised.
 
@@ -373,6 +374,11 @@ def commit_replace(
     ``on_file`` is told of every metadata file before it is written (for crash recovery).
     ``rewritten_before`` are the input files the run's earlier commits replaced: a position
     delete file whose data files were rewritten partly then and partly now is retired now.
+    ``fence`` runs just before each catalog call and raises if this run may no longer commit.
+    A group whose output files are not all still in storage is refused.
+
+    Raises :class:`CommitStateUnknownError` when the catalog cannot tell whether the commit
+    was applied: every file stays, since the table may reference them.
     """
     retry = retry or RetryPolicy.for_table(table)
     outcome = CommitOutcome()
@@ -382,10 +388,10 @@ def commit_replace(
     while True:
         outcome.attempts += 1
         head = table.metadata.snapshot_by_name(MAIN_BRANCH)
-        for group_id, reason in find_conflicts(
-            table, plan, [r.group for r in pending.values()], head
-        ).items():
-            outcome.conflicts[group_id] = reason
+        refused = find_conflicts(table, plan, [r.group for r in pending.values()], head)
+        refused.update(_missing_outputs(table, pending.values()))
+        for group_id, reason in refused.items():
+            outcome.conflicts.setdefault(group_id, reason)
             pending.pop(group_id)
         if not pending or head is None:
             return outcome
@@ -415,6 +421,8 @@ def commit_replace(
                     min_snapshots_to_keep=main.min_snapshots_to_keep,
                 ),
             )
+            if fence is not None:
+                fence()
             in_catalog_call = True
             table.catalog.commit_table(table, requirements, updates)
         except CommitFailedException as exc:
@@ -428,11 +436,15 @@ def commit_replace(
             sleep(retry.wait_s(outcome.attempts - 1))
             table.refresh()
             continue
-        except CommitStateUnknownException:
-            # The catalog may have applied it: never delete what the table might now reference.
-            table.refresh()
-            if table.metadata.snapshot_by_id(snapshot_id) is None:
-                raise
+        except CommitStateUnknownException as exc:
+            # The catalog may apply it still, even if a refresh does not show it yet (a proxy
+            # timed out): never delete what the table might come to reference.
+            if not _landed(table, snapshot_id):
+                raise CommitStateUnknownError(
+                    f"table {plan.table}: the catalog did not say whether snapshot {snapshot_id} "
+                    f"was committed ({first_line(exc)}); its files are kept for the next run to "
+                    "resolve"
+                ) from exc
         except BaseException:
             # Interrupted inside the catalog call (e.g. a second Ctrl-C), the commit may have
             # landed: then these manifests are the table's, and deleting them would break it.
@@ -452,6 +464,28 @@ def _may_have_landed(table: Table, snapshot_id: int) -> bool:
     except Exception:
         return True
     return table.metadata.snapshot_by_id(snapshot_id) is not None
+
+
+def _landed(table: Table, snapshot_id: int) -> bool:
+    """Whether the table certainly has ``snapshot_id`` now; False when the catalog cannot tell."""
+    try:
+        table.refresh()
+    except Exception:
+        return False
+    return table.metadata.snapshot_by_id(snapshot_id) is not None
+
+
+def _missing_outputs(table: Table, results: Iterable[GroupResult]) -> dict[int, str]:
+    """Groups with an output file no longer in storage (e.g. removed by another run)."""
+    missing: dict[int, str] = {}
+    for result in results:
+        for data_file in result.data_files:
+            if not table.io.new_input(data_file.file_path).exists():
+                missing[result.group.group_id] = (
+                    f"output {data_file.file_path} is missing from storage; not committing it"
+                )
+                break
+    return missing
 
 
 def _write_snapshot(

@@ -23,7 +23,6 @@ from compactor.deleter import delete_files
 from compactor.errors import CommitConflictError, CompactorError, first_line
 from compactor.inflight import RunLease
 from compactor.planner import FileGroup, InputFile, Plan, plan_rewrite
-from compactor.references import table_references
 from compactor.rewriter import GroupResult, rewrite_group
 from compactor.settings import SNAPSHOT_PROPERTY_TOOL, RewriteOptions
 
@@ -132,17 +131,16 @@ class _Runner:
     def run(self) -> None:
         """Run to the end; then ``undeleted`` lists files that could not be cleaned up.
 
-        ``undeleted`` stays None if the clean-up itself could not run to its end.
+        ``undeleted`` stays None if the clean-up itself could not run to its end, and when a
+        commit's outcome is unknown: it may still land, so nothing is deleted and the run
+        record is left for the next run, which decides once the table's state is certain.
         """
         try:
             self._rewrite_and_commit()
         finally:
-            leftovers = [p for p in self._created if p not in self._committed]
-            if self._commit_in_doubt:
-                self.table.refresh()
-                referenced = table_references(self.table).all()
-                leftovers = [p for p in leftovers if p not in referenced]
-            self.undeleted = delete_files(self.table.io, leftovers)
+            if not self._commit_in_doubt:
+                leftovers = [p for p in self._created if p not in self._committed]
+                self.undeleted = delete_files(self.table.io, leftovers)
 
     def _stopping(self) -> bool:
         return self.stop.is_set() or self._abort.is_set()
@@ -207,11 +205,9 @@ class _Runner:
         self.result.failures.append(GroupFailure(group_id, kind, first_line(error)))
 
     def _commit(self, batch: list[GroupResult]) -> None:
-        if self.lease.lost:
-            raise CommitConflictError(
-                f"table {self.plan.table}: this run lost its lease; not committing"
-            )
         properties = {SNAPSHOT_PROPERTY_TOOL: __version__, "compactor.run-id": self.result.run_id}
+        # In doubt from before the catalog call until the committed files are recorded: a
+        # signal anywhere in between leaves every file in place (see ``run``).
         self._commit_in_doubt = True
         try:
             outcome = commit_replace(
@@ -221,21 +217,23 @@ class _Runner:
                 properties,
                 on_file=self.lease.add_files,
                 rewritten_before=frozenset(self._rewritten),
+                fence=self.lease.verify,
             )
         except CommitConflictError as exc:
             self._commit_in_doubt = False
-            if not self.options.partial_progress:
+            if not self.options.partial_progress or self.lease.lost:
                 raise
             for r in batch:
                 self._fail(r.group.group_id, CONFLICT, exc)
             return
+        if outcome.snapshot_id is not None:
+            with self._lock:
+                self._committed.update(d.file_path for r in outcome.committed for d in r.data_files)
         self._commit_in_doubt = False
         for group_id, reason in sorted(outcome.conflicts.items()):
             self.result.failures.append(GroupFailure(group_id, CONFLICT, reason))
         if outcome.snapshot_id is not None:
             self.result.commits.append(outcome)
-            with self._lock:
-                self._committed.update(d.file_path for r in outcome.committed for d in r.data_files)
             self._rewritten.update(f.path for r in outcome.committed for f in r.group.files)
         elif outcome.conflicts and not self.options.partial_progress:
             reasons = "; ".join(sorted(set(outcome.conflicts.values())))

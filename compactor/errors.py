@@ -32,6 +32,14 @@ class ConfigError(UsageError):
     """A setting from a file, an environment variable or a table property is invalid."""
 
 
+class GcDisabledError(ConfigError):
+    """The table sets ``gc.enabled=false``: none of its files may be deleted."""
+
+
+class UnsafeLocationError(ConfigError):
+    """Deleting under the table's location could hit another table's files or the warehouse."""
+
+
 class TableNotFoundError(UsageError):
     """The catalog, namespace or table named on the command line does not exist."""
 
@@ -46,3 +54,7 @@ class DataFileError(CompactorError):
 
 class CommitConflictError(CompactorError):
     """A concurrent commit makes this rewrite unsafe; nothing was committed."""
+
+
+class CommitStateUnknownError(CompactorError):
+    """The catalog did not say whether a commit was applied; its files are kept."""

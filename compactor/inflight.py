@@ -22,7 +22,7 @@ from pathlib import Path
 from pyiceberg.table import Table
 
 from compactor.deleter import delete_files
-from compactor.errors import CompactorError
+from compactor.errors import CommitConflictError, CompactorError
 from compactor.references import table_references
 
 log = logging.getLogger(__name__)
@@ -46,31 +46,57 @@ class RunRecord:
     files: list[str] = field(default_factory=list)
     seq: int = 0
     process: str = ""  # process_token(pid) when written: tells a reused PID from the writer
+    pid_namespace: str = ""  # the writer's PID namespace (Linux); where its PID means anything
 
     def is_live(self, now_ms: int) -> bool:
-        """A record is live until it expires; on this host, only while its process exists.
+        """A record is live until it expires, unless its process is provably gone.
 
-        A restarted container gets the same host name and often the same PID (1): the process
-        token (boot id and start time) tells that PID's new process from the one that wrote.
+        A PID proves something only inside the PID namespace and boot it was taken in: two
+        containers may share a host name (host networking, a fixed hostname) yet each see
+        other processes under the same PIDs. So the record's process counts as gone only when
+        the record was written in this very namespace and boot, and that PID is free or now
+        belongs to a process started later. Otherwise only the expiry tells: a crashed run's
+        record blocks the table for at most the lease TTL.
         """
-        if self.host == socket.gethostname():
-            if not _process_exists(self.pid):
-                return False
-            token = process_token(self.pid)
-            if self.process and token and token != self.process:
+        here, token = pid_namespace(), self.process
+        if (
+            self.host == socket.gethostname()
+            and here
+            and self.pid_namespace == here
+            and token.split(":", 1)[0] == boot_id() != ""
+        ):
+            alive = _process_exists(self.pid)
+            current = process_token(self.pid) if alive else ""
+            if not alive or (current and current != token):
                 return False
         return now_ms < self.expires_ms
 
 
+def boot_id() -> str:
+    """This boot's id (Linux); empty where ``/proc`` cannot tell."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def pid_namespace() -> str:
+    """This process's PID namespace, e.g. ``pid:[4026531836]`` (Linux); empty elsewhere."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
 def process_token(pid: int) -> str:
     """Boot id and start time of process ``pid`` (Linux); empty where ``/proc`` cannot tell."""
+    boot = boot_id()
     try:
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return ""
     fields = stat.rsplit(")", 1)[-1].split()  # after "pid (comm)": field 3 onwards
-    return f"{boot}:{fields[19]}" if len(fields) > 19 else ""  # field 22: starttime
+    return f"{boot}:{fields[19]}" if boot and len(fields) > 19 else ""  # field 22: starttime
 
 
 def _process_exists(pid: int) -> bool:
@@ -145,6 +171,7 @@ class RunLease:
             _now_ms(),
             0,
             process=process_token(os.getpid()),
+            pid_namespace=pid_namespace(),
         )
         self._lock = threading.Lock()
         self._stopped = threading.Event()
@@ -153,59 +180,89 @@ class RunLease:
         self.recovered: list[str] = []
 
     def acquire(self) -> None:
-        """Take the lease, first cleaning up after an abandoned run; raise if a live run holds it."""
+        """Take the lease, then clean up after an abandoned run; raise if a live run holds it.
+
+        The lease is claimed before anything is deleted, and the claim carries the abandoned
+        run's file list: a run that only seemed abandoned (its heartbeat stalled past the TTL)
+        finds the record no longer its own and refuses to commit, and a crash during the
+        clean-up leaves the list to the next run.
+        """
+        name = ".".join(self._table.name())
         existing = read_record(self._table)
         if existing is not None:
             if existing.is_live(_now_ms()):
                 raise LeaseHeldError(
-                    f"table {'.'.join(self._table.name())}: run {existing.run_id} "
+                    f"table {name}: run {existing.run_id} "
                     f"(host {existing.host}, pid {existing.pid}) is compacting it; backing off"
                 )
-            log.info("recovering abandoned run %s", existing.run_id)
-            self.recovered = recover_abandoned_files(self._table, existing)
-            delete_files(self._table.io, self._paths)
+            self._record.seq = existing.seq
+            self._record.files = list(existing.files)
         self._write()
         current = read_record(self._table)
         if current is None or current.run_id != self._record.run_id:
-            raise LeaseHeldError(
-                f"table {'.'.join(self._table.name())}: another run took the lease first"
-            )
+            raise LeaseHeldError(f"table {name}: another run took the lease first")
+        if existing is not None:
+            log.info("recovering abandoned run %s", existing.run_id)
+            self.recovered = recover_abandoned_files(self._table, existing)
         self._heartbeat = threading.Thread(target=self._beat, name="lease-heartbeat", daemon=True)
         self._heartbeat.start()
 
     def add_files(self, paths: list[str]) -> None:
-        """Record paths before the files are created, so a crash never leaves one untracked."""
+        """Record paths before the files are created, so a crash never leaves one untracked.
+
+        Raises :class:`CommitConflictError` once another run holds the record: the files
+        must not be created, and the other run's record must not be overwritten.
+        """
         with self._lock:
+            self._check_held_locked()
             self._record.files.extend(paths)
             self._write_locked()
 
+    def verify(self) -> None:
+        """Raise unless the record is still this run's (checked just before each commit)."""
+        with self._lock:
+            self._check_held_locked()
+
     def release(self) -> None:
         """Stop the heartbeat and delete the record if it is still this run's."""
-        self._stopped.set()
-        if self._heartbeat:
-            self._heartbeat.join()
+        self._stop_heartbeat()
         with self._lock:
-            current = read_record(self._table)
-            if current is not None and current.run_id == self._record.run_id:
+            if self._holds_locked():
                 delete_files(self._table.io, self._paths)
 
     def abandon(self) -> None:
         """Stop the heartbeat and leave the record, expired, for the next run to clean up after."""
+        self._stop_heartbeat()
+        with self._lock:
+            if self._holds_locked():
+                self._ttl_ms = -self._ttl_ms if self._ttl_ms > 0 else self._ttl_ms
+                self._write_locked()
+
+    def _stop_heartbeat(self) -> None:
         self._stopped.set()
         if self._heartbeat:
             self._heartbeat.join()
-        with self._lock:
-            self._ttl_ms = -self._ttl_ms if self._ttl_ms > 0 else self._ttl_ms
-            self._write_locked()
 
     def _beat(self) -> None:
         while not self._stopped.wait(self._ttl_ms / 3000):
             with self._lock:
-                current = read_record(self._table)
-                if current is None or current.run_id != self._record.run_id:
-                    self.lost = True
+                if not self._holds_locked():
                     return
                 self._write_locked()
+
+    def _holds_locked(self) -> bool:
+        """Whether the newest record is still this run's; sets ``lost`` for good when not."""
+        if not self.lost:
+            current = read_record(self._table)
+            self.lost = current is None or current.run_id != self._record.run_id
+        return not self.lost
+
+    def _check_held_locked(self) -> None:
+        if not self._holds_locked():
+            raise CommitConflictError(
+                f"table {'.'.join(self._table.name())}: run {self._record.run_id} lost its lease "
+                "(another run took over the table); not committing"
+            )
 
     def _write(self) -> None:
         with self._lock:

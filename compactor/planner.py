@@ -23,7 +23,9 @@ from pyiceberg.manifest import (
     ManifestEntry,
     ManifestFile,
 )
+from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.table import Table
+from pyiceberg.transforms import VoidTransform
 from pyiceberg.typedef import Record
 
 from compactor.errors import UnsupportedTableError, UsageError, first_line
@@ -175,6 +177,15 @@ def _read_manifests(table: Table, manifests: Iterable[ManifestFile]) -> _Manifes
     return scan
 
 
+def is_unpartitioned(spec: PartitionSpec) -> bool:
+    """Whether ``spec`` partitions nothing: no fields, or only ``void`` ones (spec and Java).
+
+    pyiceberg's ``is_unpartitioned()`` counts fields only, but a v1 table whose partition
+    fields were dropped keeps them as ``void``; its equality deletes apply globally.
+    """
+    return all(isinstance(f.transform, VoidTransform) for f in spec.fields)
+
+
 def _equality_delete_checker(table: Table, entries: list[ManifestEntry]):
     """Return f(data entry) -> True when an equality delete applies to that data file."""
     specs = table.metadata.specs()
@@ -183,7 +194,7 @@ def _equality_delete_checker(table: Table, entries: list[ManifestEntry]):
     for entry in entries:
         seq = entry.sequence_number or INITIAL_SEQUENCE_NUMBER
         delete_file = entry.data_file
-        if specs[delete_file.spec_id].is_unpartitioned():
+        if is_unpartitioned(specs[delete_file.spec_id]):
             global_seqs.append(seq)
         else:
             key = (delete_file.spec_id, delete_file.partition)
@@ -272,7 +283,7 @@ def plan_rewrite(table: Table, identifier: str, options: RewriteOptions) -> Plan
     for (spec_id, partition), files in candidates.items():
         files.sort(key=lambda f: (f.data_sequence_number, f.path))
         spec = specs[spec_id]
-        path = spec.partition_to_path(partition, schema) if not spec.is_unpartitioned() else ""
+        path = "" if is_unpartitioned(spec) else spec.partition_to_path(partition, schema)
         for members in _pack(files, options.max_group_size):
             group = FileGroup(0, spec_id, partition, path, members, options.target_file_size)
             reason = _skip_reason(group, options)

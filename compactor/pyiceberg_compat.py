@@ -40,8 +40,8 @@ from pyiceberg.manifest import (
     ManifestContent,
     ManifestFile,
     ManifestWriter,
+    ManifestWriterV1,
     ManifestWriterV2,
-    write_manifest,
 )
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema, sanitize_column_names
@@ -49,7 +49,7 @@ from pyiceberg.table import FileScanTask
 from pyiceberg.table.delete_file_index import DeleteFileIndex
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.typedef import Record
-from pyiceberg.types import ListType, MapType
+from pyiceberg.types import IntegerType, ListType, MapType, NestedField, StructType
 
 __all__ = [
     "DeleteFileIndex",
@@ -190,7 +190,54 @@ class FilePruner:
         return self.partition_may_match(data_file) and self._metrics_eval.eval(data_file)
 
 
-class _DeleteManifestWriterV2(ManifestWriterV2):
+EQUALITY_IDS_FIELD_ID = 135
+
+
+def _spec_data_file_type(data_file: StructType) -> StructType:
+    """``data_file`` with ``equality_ids`` as the spec's ``list<int>``.
+
+    pyiceberg 0.12 declares it ``list<long>``; Iceberg Java then fails to read any manifest
+    holding equality-delete entries (ClassCastException Long -> Integer).
+    """
+    fields = []
+    for f in data_file.fields:
+        if f.field_id == EQUALITY_IDS_FIELD_ID and isinstance(f.field_type, ListType):
+            element = f.field_type
+            f = NestedField(
+                field_id=f.field_id,
+                name=f.name,
+                field_type=ListType(element.element_id, IntegerType(), element_required=True),
+                required=f.required,
+                doc=f.doc,
+            )
+        fields.append(f)
+    return StructType(*fields)
+
+
+class _SpecSchemaMixin:
+    """Writes manifests whose Avro schema follows the Iceberg spec exactly."""
+
+    def _with_partition(self, format_version: Any) -> Schema:
+        schema = super()._with_partition(format_version)  # type: ignore[misc]
+        return Schema(
+            *[
+                NestedField(f.field_id, f.name, _spec_data_file_type(f.field_type), f.required)
+                if f.field_id == 2 and isinstance(f.field_type, StructType)
+                else f
+                for f in schema.fields
+            ]
+        )
+
+
+class _DataManifestWriterV1(_SpecSchemaMixin, ManifestWriterV1):
+    """A v1 data manifest with the spec's schema."""
+
+
+class _DataManifestWriterV2(_SpecSchemaMixin, ManifestWriterV2):
+    """A v2 data manifest with the spec's schema."""
+
+
+class _DeleteManifestWriterV2(_DataManifestWriterV2):
     """pyiceberg 0.12 writes only data manifests; this writes a v2 delete manifest."""
 
     def content(self) -> ManifestContent:
@@ -210,9 +257,15 @@ def manifest_writer(
     snapshot_id: int,
     avro_compression: Any,
 ) -> ManifestWriter:
-    """A manifest writer for data or (v2) delete manifests."""
-    if content == ManifestContent.DELETES:
-        if format_version != 2:
-            raise ValueError(f"delete manifests need format version 2, not {format_version}")
-        return _DeleteManifestWriterV2(spec, schema, output_file, snapshot_id, avro_compression)
-    return write_manifest(format_version, spec, schema, output_file, snapshot_id, avro_compression)  # type: ignore[arg-type]
+    """A manifest writer for data or (v2) delete manifests, with the spec's Avro schema."""
+    writers: dict[tuple[ManifestContent, int], type[ManifestWriter]] = {
+        (ManifestContent.DATA, 1): _DataManifestWriterV1,
+        (ManifestContent.DATA, 2): _DataManifestWriterV2,
+        (ManifestContent.DELETES, 2): _DeleteManifestWriterV2,
+    }
+    writer = writers.get((content, format_version))
+    if writer is None:
+        raise ValueError(
+            f"cannot write a {content.name.lower()} manifest for format version {format_version}"
+        )
+    return writer(spec, schema, output_file, snapshot_id, avro_compression)

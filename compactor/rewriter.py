@@ -48,16 +48,26 @@ def _describe(exc: BaseException) -> str:
 
 
 def _positions_by_file(io: FileIO, group: FileGroup) -> dict[str, list[pa.ChunkedArray]]:
+    """Deleted positions per input, from the delete files that apply to that input's entry.
+
+    A delete file lists positions by path, but applies only to data files whose sequence
+    numbers the spec allows (e.g. not to a path removed and added again after the delete):
+    each input takes positions only from its own ``delete_files``.
+    """
     wanted = {f.path for f in group.files}
-    positions: dict[str, list[pa.ChunkedArray]] = {}
+    read: dict[str, dict[str, pa.ChunkedArray]] = {}
     for delete_file in sorted(group.delete_files, key=lambda d: d.file_path):
         try:
             by_file = read_position_deletes(io, delete_file)
         except Exception as exc:
             raise DataFileError(f"delete file {delete_file.file_path}: {_describe(exc)}") from exc
-        for path, array in by_file.items():
-            if path in wanted:
-                positions.setdefault(path, []).append(array)
+        read[delete_file.file_path] = {p: a for p, a in by_file.items() if p in wanted}
+    positions: dict[str, list[pa.ChunkedArray]] = {}
+    for f in group.files:
+        for delete_file in sorted(f.delete_files, key=lambda d: d.file_path):
+            array = read[delete_file.file_path].get(f.path)
+            if array is not None:
+                positions.setdefault(f.path, []).append(array)
     return positions
 
 

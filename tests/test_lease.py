@@ -19,6 +19,8 @@ from compactor.inflight import (
     LeaseHeldError,
     RunLease,
     RunRecord,
+    boot_id,
+    pid_namespace,
     process_token,
     read_record,
     record_paths,
@@ -51,8 +53,9 @@ def _record(
     pid: int,
     expires_ms: int,
     seq: int = 1,
-    process: str = "",
+    process: str | None = None,
 ) -> RunRecord:
+    """A record as a run in this PID namespace and boot writes it (unless told otherwise)."""
     return RunRecord(
         run_id="deadbeef0001",
         host=host or socket.gethostname(),
@@ -61,7 +64,8 @@ def _record(
         expires_ms=expires_ms,
         files=files,
         seq=seq,
-        process=process,
+        process=f"{boot_id()}:0" if process is None else process,
+        pid_namespace=pid_namespace(),
     )
 
 
