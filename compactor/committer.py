@@ -439,7 +439,7 @@ def commit_replace(
         except CommitStateUnknownException as exc:
             # The catalog may apply it still, even if a refresh does not show it yet (a proxy
             # timed out): never delete what the table might come to reference.
-            if not _landed(table, snapshot_id):
+            if not _landed(table, snapshot_id, if_unknown=False):
                 raise CommitStateUnknownError(
                     f"table {plan.table}: the catalog did not say whether snapshot {snapshot_id} "
                     f"was committed ({first_line(exc)}); its files are kept for the next run to "
@@ -448,7 +448,7 @@ def commit_replace(
         except BaseException:
             # Interrupted inside the catalog call (e.g. a second Ctrl-C), the commit may have
             # landed: then these manifests are the table's, and deleting them would break it.
-            if not (in_catalog_call and _may_have_landed(table, snapshot_id)):
+            if not (in_catalog_call and _landed(table, snapshot_id, if_unknown=True)):
                 attempt.discard()
             raise
         table.refresh()
@@ -457,21 +457,12 @@ def commit_replace(
         return outcome
 
 
-def _may_have_landed(table: Table, snapshot_id: int) -> bool:
-    """Whether the table now has ``snapshot_id``; True when the catalog cannot tell."""
+def _landed(table: Table, snapshot_id: int, *, if_unknown: bool) -> bool:
+    """Whether the table now has ``snapshot_id``; ``if_unknown`` when the catalog cannot tell."""
     try:
         table.refresh()
     except Exception:
-        return True
-    return table.metadata.snapshot_by_id(snapshot_id) is not None
-
-
-def _landed(table: Table, snapshot_id: int) -> bool:
-    """Whether the table certainly has ``snapshot_id`` now; False when the catalog cannot tell."""
-    try:
-        table.refresh()
-    except Exception:
-        return False
+        return if_unknown
     return table.metadata.snapshot_by_id(snapshot_id) is not None
 
 
