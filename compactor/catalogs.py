@@ -22,6 +22,9 @@ from pyiceberg.utils.config import Config
 from compactor.errors import ConfigError, TableNotFoundError, UsageError, first_line
 
 EMBEDDED_CATALOG = "default"
+# Namespaces are listed this deep at most (a guard against catalogs that list a namespace as
+# its own child).
+NAMESPACE_DEPTH = 8
 
 
 def compactor_home() -> Path:
@@ -99,3 +102,18 @@ def open_table(catalog: Catalog, identifier: str) -> Table:
         raise TableNotFoundError(
             f"table {identifier}: namespace {'.'.join(parts[:-1])!r} does not exist in catalog {catalog.name!r}"
         ) from None
+
+
+def all_namespaces(catalog: Catalog) -> list[tuple[str, ...]]:
+    """Every namespace of ``catalog``, nested ones included (a namespace dropped meanwhile is skipped)."""
+    found: list[tuple[str, ...]] = []
+    pending = [tuple(ns) for ns in catalog.list_namespaces()]
+    while pending:
+        namespace = pending.pop()
+        found.append(namespace)
+        if len(namespace) < NAMESPACE_DEPTH:
+            try:
+                pending.extend(tuple(ns) for ns in catalog.list_namespaces(namespace))
+            except NoSuchNamespaceError:
+                continue
+    return sorted(found)

@@ -452,6 +452,11 @@ def _report_deletions(title: str, data: dict[str, Any], dry_run: bool) -> None:
             if data["refused_outside_table_location"]
             else ""
         )
+        + (
+            f"; refused {data['refused_other_table_locations']} under other tables' locations"
+            if data["refused_other_table_locations"]
+            else ""
+        )
         + (f"; {len(data['failed'])} could not be deleted" if data["failed"] else "")
     )
     if data["failed"]:
@@ -487,8 +492,10 @@ def expire(
     """Expire old snapshots, then delete the files only expired snapshots could reach.
 
     Branches and tags keep their snapshots (and their own retention properties); the current
-    snapshot is never expired; nothing outside the table's location is deleted. Old
-    metadata.json files go too when write.metadata.delete-after-commit.enabled is true.
+    snapshot is never expired; nothing outside the table's location, or under another table's
+    location, is deleted. Old metadata.json files go too when
+    write.metadata.delete-after-commit.enabled is true. Tables with gc.enabled=false, or sharing
+    their location with another table of the catalog, are refused (exit 2).
 
     Example: compactor expire --table db.events --older-than 2d --retain-last 10 --dry-run
     """
@@ -496,11 +503,13 @@ def expire(
     def go() -> None:
         import time
 
+        from compactor.catalogs import open_catalog, open_table
         from compactor.expire import expire_snapshots, retention_policy
 
-        tbl = _open_table(catalog, table)
+        cat = open_catalog(catalog)
+        tbl = open_table(cat, table)
         policy = retention_policy(tbl, table, older_than, retain_last, int(time.time() * 1000))
-        data = expire_snapshots(tbl, table, policy, dry_run=dry_run).to_dict()
+        data = expire_snapshots(tbl, table, policy, catalog=cat, dry_run=dry_run).to_dict()
         if as_json:
             print(json.dumps(data, indent=2))
             return
@@ -522,9 +531,17 @@ def orphans(
         str | None,
         typer.Option(
             help="Only delete files older than this (a duration or an ISO timestamp), so files "
-            "of commits in flight are safe. Default: 3d."
+            "of commits in flight are safe. Default: 3d; at least 1d unless "
+            "--allow-short-older-than."
         ),
     ] = None,
+    allow_short_older_than: Annotated[
+        bool,
+        typer.Option(
+            help="Allow --older-than below 1d (for tests and experiments): files of commits and "
+            "compaction runs in flight could be deleted."
+        ),
+    ] = False,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="List the orphan files; delete nothing.")
     ] = False,
@@ -532,7 +549,10 @@ def orphans(
 ) -> None:
     """Delete files under the table's location that no metadata of the table references.
 
-    Symlinks, odd locations and anything outside the table's location are refused.
+    Symlinks, odd locations, anything outside the table's location or under another table's
+    location, and every file a compaction run record lists are kept. Tables with
+    gc.enabled=false, at the warehouse root or sharing their location with another table of
+    the catalog are refused (exit 2).
 
     Example: compactor orphans --table db.events --dry-run
     """
@@ -540,17 +560,26 @@ def orphans(
     def go() -> None:
         import time
 
+        from compactor.catalogs import open_catalog, open_table
         from compactor.orphans import orphan_cutoff, remove_orphans
 
-        tbl = _open_table(catalog, table)
-        cutoff = orphan_cutoff(older_than, int(time.time() * 1000))
-        data = remove_orphans(tbl, table, cutoff, dry_run=dry_run).to_dict()
+        cat = open_catalog(catalog)
+        tbl = open_table(cat, table)
+        allow = allow_short_older_than
+        cutoff = orphan_cutoff(older_than, int(time.time() * 1000), allow_short=allow)
+        result = remove_orphans(
+            tbl, table, cutoff, catalog=cat, dry_run=dry_run, allow_short_older_than=allow
+        )
+        data = result.to_dict()
         if as_json:
             print(json.dumps(data, indent=2))
             return
+        others = sum(data["skipped_other_tables"].values())
         out.print(
             f"{table}: listed {data['listed_files']} files; {data['orphan_files']} orphans; "
-            f"{data['skipped_too_young']} unreferenced but too young; {len(data['refused'])} refused"
+            f"{data['skipped_too_young']} unreferenced but too young; "
+            f"{data['skipped_in_run_record']} kept for a compaction run record; "
+            f"{others} under other tables' locations; {len(data['refused'])} refused"
         )
         for location in data["orphans"]:
             out.print(f"  {location}", markup=False, highlight=False)

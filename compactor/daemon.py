@@ -24,11 +24,11 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchNamespaceError
 from pyiceberg.table import Table
 
-from compactor.catalogs import open_catalog
+from compactor.catalogs import all_namespaces, open_catalog
 from compactor.compaction import compact
 from compactor.daemon_config import DaemonConfig
 from compactor.durations import parse_duration_ms
-from compactor.errors import CommitConflictError, first_line
+from compactor.errors import CommitConflictError, GcDisabledError, first_line
 from compactor.expire import expire_snapshots, retention_policy
 from compactor.fragmentation import FragmentationScanner, due_reasons
 from compactor.history import History, RunRow
@@ -55,23 +55,13 @@ log = logging.getLogger("compactor.daemon")
 RESTORE_RUNS = 32
 # Ticks (scans) running at once; runs have their own pool.
 TICK_THREADS = 2
-NAMESPACE_DEPTH = 8
 
 
 def tables_in_scope(catalog: Catalog, job: Job) -> list[str]:
     """Tables of ``catalog`` that ``job`` names or globs, listed now (new ones included)."""
-    namespaces = job.namespaces()
-    if namespaces is None:
-        found: list[tuple[str, ...]] = []
-        pending = [tuple(ns) for ns in catalog.list_namespaces()]
-        while pending:
-            namespace = pending.pop()
-            found.append(namespace)
-            if len(namespace) < NAMESPACE_DEPTH:
-                pending.extend(tuple(ns) for ns in catalog.list_namespaces(namespace))
-        names = {".".join(ns) for ns in found}
-    else:
-        names = namespaces
+    names = job.namespaces()
+    if names is None:
+        names = {".".join(ns) for ns in all_namespaces(catalog)}
     tables = set()
     for namespace in sorted(names):
         try:
@@ -330,7 +320,7 @@ class Daemon:
         started = time.monotonic()
         try:
             row.outcome = self._perform(request, row)
-        except LeaseHeldError as exc:
+        except (LeaseHeldError, GcDisabledError) as exc:
             row.outcome, row.error = SKIPPED, first_line(exc)
         except CommitConflictError as exc:
             row.outcome, row.error, row.conflicts = CONFLICT, first_line(exc), 1
@@ -362,23 +352,34 @@ class Daemon:
         catalog, section, options = request.payload  # options: resolved, for compactions only
         table = catalog.load_table(request.table)
         if options is None:
-            return self._reclaim(table, request, section, row)
+            return self._reclaim(catalog, table, request, section, row)
         return self._compact(table, request, section, options, row)
 
     def _reclaim(
-        self, table: Table, request: Request, section: ExpireAction | OrphansAction, row: RunRow
+        self,
+        catalog: Catalog,
+        table: Table,
+        request: Request,
+        section: ExpireAction | OrphansAction,
+        row: RunRow,
     ) -> str:
-        """Expire snapshots or remove orphan files; the outcome."""
+        """Expire snapshots or remove orphan files; the outcome.
+
+        A table with gc.enabled=false raises GcDisabledError: the run is skipped, deleting nothing.
+        """
         now_ms = int(time.time() * 1000)
         if isinstance(section, ExpireAction):
             policy = retention_policy(
                 table, request.table, section.older_than, section.retain_last, now_ms
             )
-            data = expire_snapshots(table, request.table, policy).to_dict()
+            data = expire_snapshots(table, request.table, policy, catalog=catalog).to_dict()
             changed = data["snapshots_expired"] or data["files_deleted"]
         else:
-            cutoff = orphan_cutoff(section.older_than, now_ms)
-            data = remove_orphans(table, request.table, cutoff).to_dict()
+            allow = section.allow_short_older_than
+            cutoff = orphan_cutoff(section.older_than, now_ms, allow_short=allow)
+            data = remove_orphans(
+                table, request.table, cutoff, catalog=catalog, allow_short_older_than=allow
+            ).to_dict()
             changed = data["files_deleted"]
         row.input_files, row.input_bytes = data["files_deleted"], data["bytes_deleted"]
         self.metrics.deleted_files.labels(request.action).inc(data["files_deleted"])

@@ -8,8 +8,20 @@ else the flags' defaults; tags keep their snapshot; a branch or tag older than i
 young. The current snapshot is never expired.
 
 Files to delete are computed from reachability: every file the table's metadata reached before
-the commit, minus every file its remaining snapshots reach after it. Nothing outside the table's
-location is deleted.
+the commit, minus every file its metadata reaches after it. As in Java, the commit also drops the
+statistics and partition-statistics entries of the expired snapshots; a statistics file the
+metadata still lists is never deleted. Nothing outside the table's location is deleted, nor
+anything under another table's location nested inside it; a table with ``gc.enabled=false``, or
+sharing its location with another table of its catalog, is refused (:mod:`compactor.guards`).
+
+The commit asserts that no branch or tag moved, vanished or appeared since the plan: pyiceberg's
+``RemoveSnapshotsUpdate`` (like Java's) silently drops a ref pointing at a removed snapshot, so a
+tag created on an expiring snapshot while the plan was made would vanish with it. Every existing
+ref is asserted with ``AssertRefSnapshotId``; a ref *created* meanwhile cannot be named in a
+REST requirement, so for catalogs that check requirements in this process (pyiceberg's
+``MetastoreCatalog``: SQL, Hive, Glue) the commit also carries :class:`AssertRefsUnchanged`. On
+any other catalog, the metadata the commit was applied to is read back: if the commit dropped a
+ref it did not plan to drop, no file is deleted and the run fails naming the ref.
 """
 
 from __future__ import annotations
@@ -19,23 +31,32 @@ from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
+from pydantic import Field
+from pyiceberg.catalog import Catalog, MetastoreCatalog
 from pyiceberg.exceptions import CommitFailedException
-from pyiceberg.table import Table, TableProperties
+from pyiceberg.serializers import FromInputFile
+from pyiceberg.table import CommitTableResponse, Table, TableProperties
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
 from pyiceberg.table.update import (
     AssertRefSnapshotId,
     AssertTableUUID,
+    RemovePartitionStatisticsUpdate,
     RemoveSnapshotRefUpdate,
     RemoveSnapshotsUpdate,
+    RemoveStatisticsUpdate,
+    TableRequirement,
+    TableUpdate,
+    ValidatableTableRequirement,
 )
 from pyiceberg.utils.properties import property_as_int
 
 from compactor.deleter import delete_files
 from compactor.durations import DAY_MS, parse_cutoff
 from compactor.errors import CommitConflictError, ConfigError, UsageError
+from compactor.guards import EXPIRE, Fences, check_gc_enabled, gc_enabled, other_tables_fences
 from compactor.paths import UnsafePathError, is_within, location_key
 from compactor.references import FileRef, References, table_references
 from compactor.storage import list_files
@@ -157,6 +178,7 @@ class DeletionReport:
 
     by_kind: dict[str, list[FileRef]] = field(default_factory=lambda: defaultdict(list))
     outside_location: list[str] = field(default_factory=list)
+    other_tables: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -169,20 +191,28 @@ class DeletionReport:
             "files_deleted": sum(k["files"] for k in kinds.values()),
             "bytes_deleted": sum(k["bytes"] for k in kinds.values()),
             "refused_outside_table_location": len(self.outside_location),
+            "refused_other_table_locations": len(self.other_tables),
             "failed": self.failed,
         }
 
 
 def delete_unreachable(
-    table: Table, candidates: list[FileRef], *, dry_run: bool, report: DeletionReport
+    table: Table,
+    candidates: list[FileRef],
+    *,
+    dry_run: bool,
+    report: DeletionReport,
+    fences: Fences | None = None,
 ) -> None:
-    """Delete ``candidates`` that lie under the table's location; record everything in ``report``."""
+    """Delete ``candidates`` under the table's location and outside ``fences``; report everything."""
     chosen: list[FileRef] = []
     for ref in candidates:
-        if is_within(ref.location, table.metadata.location):
-            chosen.append(ref)
-        else:
+        if not is_within(ref.location, table.metadata.location):
             report.outside_location.append(ref.location)
+        elif fences is not None and fences.owner(ref.location) is not None:
+            report.other_tables.append(ref.location)
+        else:
+            chosen.append(ref)
     chosen = _with_sizes(table, chosen)
     failed = set() if dry_run else set(delete_files(table.io, [r.location for r in chosen]))
     report.failed.extend(sorted(failed))
@@ -219,16 +249,87 @@ def _unreachable(before: References, after: References) -> list[FileRef]:
     return gone
 
 
-def _commit_expiry(table: Table, plan: ExpiryPlan) -> None:
-    head = table.metadata.snapshot_by_name(MAIN_BRANCH)
-    requirements = (AssertTableUUID(uuid=table.metadata.table_uuid),) + (
-        (AssertRefSnapshotId(ref=MAIN_BRANCH, snapshot_id=head.snapshot_id),) if head else ()
-    )
-    updates = tuple(RemoveSnapshotRefUpdate(ref_name=name) for name in plan.remove_refs)
+class AssertRefsUnchanged(ValidatableTableRequirement):
+    """Branches and tags are exactly as planned from (none added) and GC is still enabled.
+
+    Not a REST requirement: only catalogs that validate requirements in this process get it.
+    """
+
+    type: Literal["assert-refs-unchanged"] = Field(default="assert-refs-unchanged")
+    refs: dict[str, int]
+
+    def validate(self, base_metadata: TableMetadata | None) -> None:
+        if base_metadata is None:
+            raise CommitFailedException("Requirement failed: current table metadata is missing")
+        found = {name: ref.snapshot_id for name, ref in base_metadata.refs.items()}
+        if found != self.refs:
+            changed = sorted(
+                n for n in found.keys() | self.refs.keys() if found.get(n) != self.refs.get(n)
+            )
+            raise CommitFailedException(
+                f"Requirement failed: branches or tags changed concurrently: {', '.join(changed)}"
+            )
+        if not gc_enabled(base_metadata.properties):
+            raise CommitFailedException(
+                "Requirement failed: gc.enabled was set to false concurrently"
+            )
+
+
+def _checks_requirements_in_process(catalog: Catalog) -> bool:
+    """Whether ``catalog`` calls ``validate`` on each requirement itself (not a REST server)."""
+    return isinstance(catalog, MetastoreCatalog)
+
+
+def _commit_expiry(table: Table, plan: ExpiryPlan) -> CommitTableResponse:
+    metadata = table.metadata
+    refs = {name: ref.snapshot_id for name, ref in metadata.refs.items()}
+    requirements: list[TableRequirement] = [AssertTableUUID(uuid=metadata.table_uuid)]
+    requirements += [
+        AssertRefSnapshotId(ref=name, snapshot_id=sid) for name, sid in sorted(refs.items())
+    ]
+    if _checks_requirements_in_process(table.catalog):
+        requirements.append(AssertRefsUnchanged(refs=refs))  # type: ignore[arg-type]
+    updates: list[TableUpdate] = [
+        RemoveSnapshotRefUpdate(ref_name=name) for name in plan.remove_refs
+    ]
     if plan.expire:
-        updates += (RemoveSnapshotsUpdate(snapshot_ids=plan.expire),)
-    table.catalog.commit_table(table, requirements, updates)
+        expired = set(plan.expire)
+        # Before RemoveSnapshotsUpdate: pyiceberg's drops the statistics (not the partition
+        # statistics) of the snapshots it removes, and each removal here must find its entry.
+        updates += [
+            RemovePartitionStatisticsUpdate(snapshot_id=s.snapshot_id)
+            for s in metadata.partition_statistics
+            if s.snapshot_id in expired
+        ]
+        updates += [
+            RemoveStatisticsUpdate(snapshot_id=s.snapshot_id)
+            for s in metadata.statistics
+            if s.snapshot_id in expired
+        ]
+        updates.append(RemoveSnapshotsUpdate(snapshot_ids=plan.expire))
+    response = table.catalog.commit_table(table, tuple(requirements), tuple(updates))
     table.refresh()
+    return response
+
+
+def _dropped_refs(
+    table: Table, planned_from: str, plan: ExpiryPlan, response: CommitTableResponse
+) -> list[str] | None:
+    """Refs the commit removed without planning to (created while the expiry was planned).
+
+    The last entry of the committed metadata log is the metadata the catalog applied the commit
+    to; when that is not the metadata the plan was made from, it is read and its refs compared.
+    None when the catalog kept no log to tell.
+    """
+    log = response.metadata.metadata_log
+    if not log:
+        return None
+    base_location = log[-1].metadata_file
+    if base_location == planned_from:
+        return []
+    base = FromInputFile.table_metadata(table.io.new_input(base_location))
+    kept = response.metadata.refs
+    return sorted(name for name in base.refs if name not in kept and name not in plan.remove_refs)
 
 
 def old_metadata_files(table: Table, *, after_commit: bool = False) -> list[FileRef]:
@@ -293,38 +394,72 @@ class ExpireResult:
         }
 
 
+def _deletes_metadata_files(table: Table) -> bool:
+    props = table.metadata.properties
+    return (
+        props.get(TableProperties.METADATA_DELETE_AFTER_COMMIT_ENABLED, "false").lower() == "true"
+    )
+
+
 def expire_snapshots(
     table: Table,
     identifier: str,
     policy: RetentionPolicy,
     *,
+    catalog: Catalog | None = None,
     dry_run: bool = False,
     clock: Callable[[], float] = time.time,
 ) -> ExpireResult:
-    """Expire per ``policy`` and delete what only expired snapshots reached."""
+    """Expire per ``policy`` and delete what only expired snapshots reached.
+
+    ``catalog`` (default: the one the table was loaded from) is listed, when there is anything
+    to expire or delete, for the other tables' locations: nothing under them is deleted.
+    """
     started = time.monotonic()
+    check_gc_enabled(table, identifier, EXPIRE)
+    fences: Fences | None = None
     for attempt in range(COMMIT_ATTEMPTS):
         now_ms = int(clock() * 1000)
-        before = table_references(table)
+        planned_from = table.metadata_location
         plan = plan_expiry(table.metadata, policy, now_ms)
-        if dry_run or not (plan.expire or plan.remove_refs):
+        work = bool(plan.expire or plan.remove_refs)
+        if fences is None and (work or _deletes_metadata_files(table)):
+            fences = other_tables_fences(catalog or table.catalog, table, identifier)
+        before = table_references(table)
+        if dry_run or not work:
             retained = [s for s in table.metadata.snapshots if s.snapshot_id in plan.retain]
             after = table_references(table, retained)
             break
         try:
-            _commit_expiry(table, plan)
+            response = _commit_expiry(table, plan)
         except CommitFailedException as exc:
             if attempt == COMMIT_ATTEMPTS - 1:
                 raise CommitConflictError(
                     f"table {identifier}: expiry still conflicting after {COMMIT_ATTEMPTS} attempts: {exc}"
                 ) from exc
             table.refresh()
+            check_gc_enabled(table, identifier, EXPIRE)
             continue
+        dropped = _dropped_refs(table, planned_from, plan, response)
+        if dropped is None or dropped:
+            what = (
+                f"also dropped {', '.join(dropped)}, created while it ran"
+                if dropped
+                else "kept no metadata log to tell whether a branch or tag created meanwhile "
+                "was dropped"
+            )
+            raise CommitConflictError(
+                f"table {identifier}: the expiry committed but {what} "
+                f"({type(table.catalog).__name__} cannot assert that none appears); no files "
+                "were deleted"
+            )
         after = table_references(table)
         break
     report = DeletionReport()
-    delete_unreachable(table, _unreachable(before, after), dry_run=dry_run, report=report)
+    delete_unreachable(
+        table, _unreachable(before, after), dry_run=dry_run, report=report, fences=fences
+    )
     would_commit = dry_run and bool(plan.expire or plan.remove_refs)
     metadata_files = old_metadata_files(table, after_commit=would_commit)
-    delete_unreachable(table, metadata_files, dry_run=dry_run, report=report)
+    delete_unreachable(table, metadata_files, dry_run=dry_run, report=report, fences=fences)
     return ExpireResult(identifier, dry_run, policy, plan, report, time.monotonic() - started)

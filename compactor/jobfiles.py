@@ -25,16 +25,25 @@ from typing import Annotated, Any, Literal
 from apscheduler.triggers.base import BaseTrigger
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from compactor.config_files import load_toml, validate
-from compactor.durations import parse_duration_ms
+from compactor.durations import duration_ms, format_duration, parse_duration_ms
 from compactor.errors import ConfigError, UsageError
 from compactor.settings import (
     DEFAULT_COMMIT_EVERY,
     DEFAULT_DELETE_FILE_THRESHOLD,
     DEFAULT_MAX_COMMITS,
     DEFAULT_MIN_INPUT_FILES,
+    MIN_ORPHAN_AGE_MS,
     check_filter_syntax,
 )
 from compactor.sizes import parse_size
@@ -136,9 +145,24 @@ class ExpireAction(Schedule):
 
 
 class OrphansAction(Schedule):
-    """Remove files no metadata references, older than ``older_than``."""
+    """Remove files no metadata references, older than ``older_than`` (at least 1d unless allowed)."""
 
+    allow_short_older_than: bool = False  # before older_than: its validator reads this
     older_than: Duration = DEFAULT_ORPHAN_AGE
+
+    @field_validator("older_than")
+    @classmethod
+    def _not_below_the_floor(cls, value: str, info: ValidationInfo) -> str:
+        if info.data.get("allow_short_older_than"):
+            return value
+        age_ms = duration_ms(value)
+        if age_ms is not None and age_ms < MIN_ORPHAN_AGE_MS:
+            raise ValueError(
+                f"{value!r} is below the {format_duration(MIN_ORPHAN_AGE_MS)} safety floor of "
+                "orphan removal (files of commits and compaction runs in flight could be "
+                "deleted); set allow_short_older_than = true to allow it"
+            )
+        return value
 
 
 class JobFile(_Section):

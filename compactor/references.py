@@ -64,8 +64,10 @@ def table_references(table: Table, snapshots: Iterable[Snapshot] | None = None) 
     """Files reachable from ``snapshots`` (default: every snapshot in the table's metadata).
 
     Live entries (ADDED, EXISTING) count: a DELETED entry is not part of its snapshot, and a
-    retained parent that still reads that file lists it as live itself. The snapshots'
-    statistics files count too.
+    retained parent that still reads that file lists it as live itself. Statistics and
+    partition-statistics files the metadata lists count unless they belong to a snapshot of the
+    table left out of ``snapshots`` (an expiry drops those entries with their snapshots): a
+    file the metadata lists, even for a snapshot it no longer has, is never garbage.
     """
     refs = References()
     metadata, io = table.metadata, table.io
@@ -78,8 +80,9 @@ def table_references(table: Table, snapshots: Iterable[Snapshot] | None = None) 
             manifests.setdefault(manifest.manifest_path, manifest)
     for manifest in manifests.values():
         refs.add(manifest.manifest_path, MANIFEST, manifest.manifest_length)
+    known = {s.snapshot_id for s in metadata.snapshots}
     for stats in [*metadata.statistics, *metadata.partition_statistics]:
-        if stats.snapshot_id in ids:
+        if stats.snapshot_id in ids or stats.snapshot_id not in known:
             refs.add(stats.statistics_path, STATISTICS, stats.file_size_in_bytes)
 
     def entries(manifest: ManifestFile) -> list[FileRef]:

@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from compactor.durations import DAY_MS
 from compactor.errors import ConfigError, UsageError, first_line
 from compactor.sizes import format_size, format_size_exact, parse_size
 
@@ -39,6 +40,10 @@ DEFAULT_COMMIT_EVERY = 0
 DEFAULT_MAX_COMMITS = 10
 # A run's lease on a table lasts this long without a heartbeat (heartbeats come every third).
 DEFAULT_LEASE_TTL_S = 600.0
+# Orphan removal never deletes files younger than this unless explicitly allowed
+# (--allow-short-older-than): a commit or a compaction run in flight may still need them.
+# Spark's remove_orphan_files defaults to 3 days, Trino refuses less than 7 days by default.
+MIN_ORPHAN_AGE_MS = DAY_MS
 
 TARGET_FILE_SIZE_PROPERTY = "write.target-file-size-bytes"
 ROW_GROUP_SIZE_PROPERTY = "write.parquet.row-group-size-bytes"

@@ -47,3 +47,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def stress_ops(request: pytest.FixtureRequest) -> int:
     """How many operations the stress test's writer performs (``--stress-ops``)."""
     return request.config.getoption("--stress-ops")
+
+
+# The independent reader: Apache Iceberg's Java library (tests/java, see java_reader.py).
+import java_reader as java_reader_module  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def java_reader() -> java_reader_module.JavaReader:
+    """The Java reader, built once per source version (Maven); a failed build errors the test."""
+    return java_reader_module.ensure_reader()

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from helpers import assert_same_rows, local_path, scan_rows
+from java_reader import assert_java_reads_same
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.schema import Schema
@@ -161,6 +162,7 @@ def test_old_junk_goes_by_kind_referenced_and_young_files_stay(catalog: SqlCatal
     table = catalog.load_table(TABLE)
     assert_referenced_files_exist(table)
     assert_same_contents(rows, scan_rows(table))
+    assert_java_reads_same(table)
 
 
 def test_references_match_however_the_metadata_spells_the_path(catalog: SqlCatalog) -> None:
@@ -176,7 +178,8 @@ def test_references_match_however_the_metadata_spells_the_path(catalog: SqlCatal
     rows = scan_rows(table)
     age_everything(location)
 
-    result = remove_orphans(table, TABLE, NOW_MS + DAY_MS)  # any unreferenced file would go
+    # Any unreferenced file would go.
+    result = remove_orphans(table, TABLE, NOW_MS + DAY_MS, allow_short_older_than=True)
 
     assert result.to_dict()["orphan_files"] == 0
     assert plain.exists() and single_slash.exists() and escaped.exists()
@@ -241,7 +244,9 @@ def test_without_the_grace_period_the_late_commit_would_lose_its_file(
     seen = commit_before_deleting(monkeypatch, catalog, late)
 
     # The same race, dry run: the deletion step is handed the now-committed file.
-    result = remove_orphans(table, TABLE, NOW_MS + DAY_MS, dry_run=True)
+    result = remove_orphans(
+        table, TABLE, NOW_MS + DAY_MS, dry_run=True, allow_short_older_than=True
+    )
 
     assert len(seen) == 1
     assert [str(local_path(ref.location)) for ref in seen[0]] == [str(late)]
@@ -266,7 +271,7 @@ def test_a_file_committed_while_listing_is_seen_as_referenced(
     monkeypatch.setattr(orphans_module, "list_files", list_then_commit)
 
     # No grace period: only the order (list storage, then read the metadata) protects it.
-    result = remove_orphans(table, TABLE, NOW_MS + DAY_MS)
+    result = remove_orphans(table, TABLE, NOW_MS + DAY_MS, allow_short_older_than=True)
 
     assert result.scan.orphans == [] and result.scan.too_young == 0
     assert late.exists()
@@ -291,7 +296,7 @@ def test_symlinks_are_refused_and_their_targets_untouched(
     age_everything(location)
     set_mtime([link, dir_link], OLD_MS)
 
-    result = remove_orphans(table, TABLE, NOW_MS + DAY_MS)
+    result = remove_orphans(table, TABLE, NOW_MS + DAY_MS, allow_short_older_than=True)
 
     assert sorted(str(local_path(r)) for r in result.scan.refused) == sorted(
         [str(link), str(dir_link)]
@@ -318,7 +323,7 @@ def test_a_sibling_sharing_the_table_location_prefix_is_never_touched(
     own_junk = junk(location / "data" / "junk.parquet")
     before = listing(location)
 
-    result = remove_orphans(table, "db.events", NOW_MS + DAY_MS)
+    result = remove_orphans(table, "db.events", NOW_MS + DAY_MS, allow_short_older_than=True)
 
     assert result.to_dict()["listed_files"] == len(before)
     assert reported(result, ORPHAN_DATA) == {str(own_junk)}
@@ -400,7 +405,15 @@ def test_cli_orphans_dry_run_json(cli_home: Path) -> None:
     before = listing(cli_home / "warehouse")
 
     result = compactor(
-        cli_home, "orphans", "--table", CLI_TABLE, "--older-than", "0s", "--dry-run", "--json"
+        cli_home,
+        "orphans",
+        "--table",
+        CLI_TABLE,
+        "--older-than",
+        "0s",
+        "--allow-short-older-than",
+        "--dry-run",
+        "--json",
     )
 
     assert result.returncode == 0, result.stderr

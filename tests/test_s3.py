@@ -32,7 +32,7 @@ from pyiceberg.utils.config import Config
 from compactor import deleter
 from compactor.compaction import RunResult, compact
 from compactor.expire import expire_snapshots, retention_policy
-from compactor.inflight import RunRecord, read_record, record_paths
+from compactor.inflight import RunRecord, boot_id, pid_namespace, read_record, record_paths
 from compactor.orphans import remove_orphans
 from compactor.references import table_references
 from compactor.sample import REGIONS, create_events_table, events_batch
@@ -287,7 +287,9 @@ def test_expire_and_orphans_on_s3(s3: S3Bucket, monkeypatch: pytest.MonkeyPatch)
     mark = s3.log.mark()
     # moto stamps objects with the current time: a cut-off an hour ahead makes all old enough.
     cutoff_ms = int(time.time() * 1000) + HOUR_MS
-    orphaned = remove_orphans(catalog.load_table(TABLE), TABLE, cutoff_ms)
+    orphaned = remove_orphans(
+        catalog.load_table(TABLE), TABLE, cutoff_ms, allow_short_older_than=True
+    )
 
     data = orphaned.to_dict()
     assert {s3.key(ref.location) for ref in orphaned.scan.orphans} == junk
@@ -334,6 +336,8 @@ def test_abandoned_run_is_recovered_on_s3(s3: S3Bucket) -> None:
         expires_ms=now_ms + HOUR_MS,  # not expired: only its dead process frees the lease
         files=[junk, live],
         seq=1,
+        process=f"{boot_id()}:0",  # written in this PID namespace and boot
+        pid_namespace=pid_namespace(),
     )
     record_path = record_paths(table)[1]
     assert record_path == f"{table.location()}/metadata/compactor-run.1.json"
@@ -493,7 +497,7 @@ def test_refused_deletes_are_reported_and_left_to_orphans_on_s3(s3: S3Bucket) ->
 
     # What could not be deleted is now an orphan: the next orphans run removes exactly that.
     cutoff_ms = int(time.time() * 1000) + HOUR_MS
-    orphaned = remove_orphans(table, TABLE, cutoff_ms)
+    orphaned = remove_orphans(table, TABLE, cutoff_ms, allow_short_older_than=True)
     assert {s3.key(ref.location) for ref in orphaned.scan.orphans} == failed
     assert orphaned.to_dict()["failed"] == []
     assert failed.isdisjoint(s3.objects(table.location()))
