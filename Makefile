@@ -5,7 +5,7 @@ BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed-stamp
 DEMO_HOME ?= $(CURDIR)/.compactor-demo
 
-.PHONY: venv demo test lint format clean
+.PHONY: venv demo test test-quick lint format clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "compactor needs Python 3.11+ (set PYTHON=...)")'
@@ -21,6 +21,9 @@ demo: venv  ## build a fragmented sample table in .compactor-demo/, compact it, 
 
 test: venv  ## run the whole test suite (starts the servers it needs by itself)
 	$(BIN)/python -m pytest -q
+
+test-quick: venv  ## everything but the tests marked slow: the inner loop while developing
+	$(BIN)/python -m pytest -q -m "not slow"
 
 lint: venv
 	$(BIN)/ruff check compactor tests

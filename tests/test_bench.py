@@ -26,6 +26,8 @@ from compactor.cli import app
 from compactor.compaction import RunResult
 from compactor.duckdb_views import load_packaged_extension
 
+pytestmark = pytest.mark.slow  # left out by `make test-quick`
+
 SCALE_FACTOR = "0.01"
 SMALL = ("--scale-factor", SCALE_FACTOR, "--target-file-size", "4MB", "--allow-small-target")
 QUICK = ("--warmup", "0", "--repetitions", "1")

@@ -36,6 +36,8 @@ from compactor.inflight import RunRecord, read_record, record_paths
 from compactor.references import table_references
 from compactor.sample import create_events_table
 
+pytestmark = pytest.mark.slow  # left out by `make test-quick`
+
 TESTS = Path(__file__).parent
 RUNNER = TESTS / "crash_runner.py"
 COMPACTOR = Path(sys.executable).parent / "compactor"

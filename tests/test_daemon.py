@@ -31,6 +31,8 @@ from test_stress import TABLE as WRITER_TABLE
 
 from compactor.sample import create_events_table
 
+pytestmark = pytest.mark.slow  # left out by `make test-quick`
+
 COMPACTOR = Path(sys.executable).parent / "compactor"
 CRASH_RUNNER = Path(__file__).with_name("crash_runner.py")
 CATALOG = "default"  # the name the catalog fixture gives its tables

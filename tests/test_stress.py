@@ -26,6 +26,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pytest
 from helpers import assert_same_rows, scan_rows, unreferenced_files
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
@@ -36,6 +37,8 @@ from compactor.errors import CommitConflictError
 from compactor.inflight import read_record
 from compactor.sample import create_events_table, events_batch
 from compactor.settings import resolve_options
+
+pytestmark = pytest.mark.slow  # left out by `make test-quick`
 
 TABLE = "db.stress"
 INITIAL_COMMITS = 4
