@@ -1,3 +1,114 @@
+"""compactor: keep Apache Iceberg tables fast — compact small files, expire snapshots, sweep orphans.
+
+The library API (see the README's "Library" section)::
+
+    import compactor
+    result = compactor.compact(table, target_file_size="256MiB")
+
+- :func:`plan`, :func:`compact`, :func:`expire_snapshots`, :func:`remove_orphans` work on a
+  table loaded with pyiceberg; options are keyword arguments (:func:`resolve_options`) or a
+  :class:`RewriteOptions`.
+- :class:`RewriteTask`, :class:`TaskResult` and :func:`run_task` are the seam for custom
+  executors: a task is plain data (``to_json``/``from_json``) that :func:`run_task` rewrites
+  in any process; :class:`Executor` is what ``compact(executor=...)`` accepts.
+- Errors derive from :class:`CompactorError`; :class:`UsageError` for bad options.
+
+Names are imported on first use: ``import compactor`` alone reads no pyiceberg configuration.
+"""
+
+from __future__ import annotations
+
+import importlib
 from importlib.metadata import version
+from typing import TYPE_CHECKING, Any
+
+from compactor.errors import (
+    CommitConflictError,
+    CommitStateUnknownError,
+    CompactorError,
+    ConfigError,
+    DataFileError,
+    GcDisabledError,
+    UnsupportedTableError,
+    UsageError,
+)
 
 __version__ = version("compactor")
+
+_LAZY = {
+    "plan": "compactor.api",
+    "compact": "compactor.api",
+    "expire_snapshots": "compactor.api",
+    "remove_orphans": "compactor.api",
+    "RewriteOptions": "compactor.settings",
+    "resolve_options": "compactor.settings",
+    "Plan": "compactor.planner",
+    "RunResult": "compactor.compaction",
+    "RewriteTask": "compactor.tasks",
+    "TaskInput": "compactor.tasks",
+    "TaskResult": "compactor.tasks",
+    "TaskCancelled": "compactor.tasks",
+    "CancelToken": "compactor.tasks",
+    "run_task": "compactor.tasks",
+    "Executor": "compactor.executors",
+    "ThreadExecutor": "compactor.executors",
+    "LeaseHeldError": "compactor.inflight",
+}
+
+__all__ = [
+    "CancelToken",
+    "CommitConflictError",
+    "CommitStateUnknownError",
+    "CompactorError",
+    "ConfigError",
+    "DataFileError",
+    "Executor",
+    "GcDisabledError",
+    "LeaseHeldError",
+    "Plan",
+    "RewriteOptions",
+    "RewriteTask",
+    "RunResult",
+    "TaskCancelled",
+    "TaskInput",
+    "TaskResult",
+    "ThreadExecutor",
+    "UnsupportedTableError",
+    "UsageError",
+    "__version__",
+    "compact",
+    "expire_snapshots",
+    "plan",
+    "remove_orphans",
+    "resolve_options",
+    "run_task",
+]
+
+if TYPE_CHECKING:
+    from compactor.api import compact, expire_snapshots, plan, remove_orphans
+    from compactor.compaction import RunResult
+    from compactor.executors import Executor, ThreadExecutor
+    from compactor.inflight import LeaseHeldError
+    from compactor.planner import Plan
+    from compactor.settings import RewriteOptions, resolve_options
+    from compactor.tasks import (
+        CancelToken,
+        RewriteTask,
+        TaskCancelled,
+        TaskInput,
+        TaskResult,
+        run_task,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'compactor' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import signal
 import sys
 import threading
@@ -26,10 +27,11 @@ from rich.table import Table as RichTable
 
 from compactor import __version__
 from compactor.bench.cli import bench_app
-from compactor.errors import EXIT_RUNTIME, CompactorError, ConfigError
+from compactor.errors import EXIT_RUNTIME, CompactorError, ConfigError, UsageError
 from compactor.settings import (
     DEFAULT_COMMIT_EVERY,
     DEFAULT_DELETE_FILE_THRESHOLD,
+    DEFAULT_EXECUTOR,
     DEFAULT_MAX_COMMITS,
     DEFAULT_MIN_INPUT_FILES,
     check_pyiceberg_config,
@@ -85,6 +87,23 @@ def _one_line(text: str) -> str:
     return " ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
+def flag(option: str) -> str:
+    """The command-line flag of a library option: ``target_file_size`` -> ``--target-file-size``."""
+    return "--" + option.replace("_", "-")
+
+
+def with_flags(message: str, options: tuple[str, ...]) -> str:
+    """``message`` with each option name it mentions (outside quoted values) shown as a flag."""
+    if not options:
+        return message
+    names = re.compile(r"\b(" + "|".join(map(re.escape, options)) + r")\b")
+    parts = re.split(r"('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")", message)
+    return "".join(
+        part if index % 2 else names.sub(lambda m: flag(m.group(1)), part)
+        for index, part in enumerate(parts)
+    )
+
+
 def _fail(exc: BaseException) -> None:
     """Print ``exc`` as one ``error:`` line (after its traceback with --verbose) and exit."""
     verbose = _state["verbose"]
@@ -92,6 +111,8 @@ def _fail(exc: BaseException) -> None:
         traceback.print_exception(exc)
     if isinstance(exc, CompactorError):
         message, code = _one_line(str(exc)) or type(exc).__name__, exc.exit_code
+        if isinstance(exc, UsageError):
+            message = with_flags(message, exc.options)
     else:
         lines = str(exc).strip().splitlines()
         message = f"{type(exc).__name__}: {lines[0].strip()}" if lines else type(exc).__name__
@@ -306,6 +327,20 @@ def run(
     max_commits: Annotated[
         int, typer.Option(help="With --commit-every: at most this many commits in one run.")
     ] = DEFAULT_MAX_COMMITS,
+    executor: Annotated[
+        str,
+        typer.Option(
+            help="Where groups are rewritten: 'threads' (in this process, --parallelism at once) "
+            "or 'ray' (tasks on a Ray cluster; needs pip install 'compactor[ray]')."
+        ),
+    ] = DEFAULT_EXECUTOR,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            help="With --executor ray: the cluster to connect to (e.g. ray://head:10001 or "
+            "auto). Default: Ray's own (RAY_ADDRESS, else a local Ray)."
+        ),
+    ] = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the plan; write and commit nothing.")
     ] = False,
@@ -338,6 +373,8 @@ def run(
             where=where,
             commit_every=commit_every,
             max_commits=max_commits,
+            executor=executor,
+            ray_address=ray_address,
         )
         bar = _Bar() if (not as_json and sys.stderr.isatty()) else None
         try:

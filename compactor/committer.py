@@ -52,7 +52,7 @@ from compactor.deleter import delete_files
 from compactor.errors import CommitConflictError, CommitStateUnknownError, first_line
 from compactor.planner import FileGroup, InputFile, Plan, is_unpartitioned
 from compactor.pyiceberg_compat import DeleteFileIndex, manifest_writer
-from compactor.rewriter import GroupResult
+from compactor.tasks import TaskResult
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class CommitOutcome:
     """Which groups a commit included, which it refused and why, and the snapshot it made."""
 
     snapshot_id: int | None = None
-    committed: list[GroupResult] = field(default_factory=list)
+    committed: list[TaskResult] = field(default_factory=list)
     conflicts: dict[int, str] = field(default_factory=dict)
     removed_delete_files: list[DataFile] = field(default_factory=list)
     attempts: int = 0
@@ -360,7 +360,7 @@ def _summary(
 def commit_replace(
     table: Table,
     plan: Plan,
-    results: list[GroupResult],
+    results: list[TaskResult],
     snapshot_properties: dict[str, str],
     retry: RetryPolicy | None = None,
     sleep: Callable[[float], None] = time.sleep,
@@ -370,7 +370,8 @@ def commit_replace(
 ) -> CommitOutcome:
     """Commit ``results`` as one ``replace`` snapshot on main; refused groups are reported, not raised.
 
-    The caller owns the output files of refused groups (``outcome.conflicts``) and deletes them.
+    Each result is matched to its group of ``plan`` by ``task_id``: the plan, which stays in the
+    driver, holds the inputs' manifest entries the commit removes. The caller owns the output files of refused groups (``outcome.conflicts``) and deletes them.
     ``on_file`` is told of every metadata file before it is written (for crash recovery).
     ``rewritten_before`` are the input files the run's earlier commits replaced: a position
     delete file whose data files were rewritten partly then and partly now is retired now.
@@ -382,13 +383,13 @@ def commit_replace(
     """
     retry = retry or RetryPolicy.for_table(table)
     outcome = CommitOutcome()
-    pending = {r.group.group_id: r for r in results}
+    pending = {r.task_id: r for r in results}
     snapshot_id = table.metadata.new_snapshot_id()
     started = time.monotonic()
     while True:
         outcome.attempts += 1
         head = table.metadata.snapshot_by_name(MAIN_BRANCH)
-        refused = find_conflicts(table, plan, [r.group for r in pending.values()], head)
+        refused = find_conflicts(table, plan, [plan.group(gid) for gid in pending], head)
         refused.update(_missing_outputs(table, pending.values()))
         for group_id, reason in refused.items():
             outcome.conflicts.setdefault(group_id, reason)
@@ -466,13 +467,13 @@ def _landed(table: Table, snapshot_id: int, *, if_unknown: bool) -> bool:
     return table.metadata.snapshot_by_id(snapshot_id) is not None
 
 
-def _missing_outputs(table: Table, results: Iterable[GroupResult]) -> dict[int, str]:
+def _missing_outputs(table: Table, results: Iterable[TaskResult]) -> dict[int, str]:
     """Groups with an output file no longer in storage (e.g. removed by another run)."""
     missing: dict[int, str] = {}
     for result in results:
         for data_file in result.data_files:
             if not table.io.new_input(data_file.file_path).exists():
-                missing[result.group.group_id] = (
+                missing[result.task_id] = (
                     f"output {data_file.file_path} is missing from storage; not committing it"
                 )
                 break
@@ -483,14 +484,15 @@ def _write_snapshot(
     attempt: _Attempt,
     plan: Plan,
     head: Snapshot,
-    pending: dict[int, GroupResult],
+    pending: dict[int, TaskResult],
     outcome: CommitOutcome,
     snapshot_properties: dict[str, str],
     rewritten_before: frozenset[str],
 ) -> Snapshot | None:
     table = attempt.table
-    rewritten = {f.path: gid for gid, r in pending.items() for f in r.group.files}
-    inputs = {f.path: f for r in pending.values() for f in r.group.files}
+    groups = {gid: plan.group(gid) for gid in pending}
+    rewritten = {f.path: gid for gid, g in groups.items() for f in g.files}
+    inputs = {f.path: f for g in groups.values() for f in g.files}
     dangling = {
         path: delete_file
         for path, (delete_file, targets) in plan.delete_file_targets.items()

@@ -1,9 +1,15 @@
-"""One compaction run: take the table's lease, plan, rewrite groups in parallel, commit.
+"""One compaction run: lease, plan, tasks, executor, commits — and cleanup, whatever happens.
 
-Without partial progress the run is all or nothing: a failed group aborts it, and nothing is
-committed. With ``commit_every`` set, finished groups are committed in batches as the run goes,
-and a failed group fails alone. Either way every file the run wrote and did not commit is
-deleted before it returns, and the lease's run record covers a crash.
+:func:`compact` composes the pieces: it takes the table's lease (:mod:`compactor.inflight`),
+plans (:mod:`compactor.planner`), turns the plan's groups into
+:class:`~compactor.tasks.RewriteTask` objects, hands them to an executor
+(:mod:`compactor.executors`), and feeds the results, as they arrive, to a
+:class:`CommitManager`. Without partial progress the run is all or nothing: a failed group
+aborts it, and nothing is committed. With ``commit_every`` set, finished groups are committed in
+batches as the run goes, and a failed group fails alone. Either way every file the run's tasks
+wrote (as their intent files list) and it did not commit is deleted before it returns — unless
+a commit's outcome is unknown: then everything stays for the next run, which decides once the
+table's state is certain.
 """
 
 from __future__ import annotations
@@ -11,7 +17,6 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -19,12 +24,12 @@ from pyiceberg.table import Table
 
 from compactor import __version__
 from compactor.committer import CommitOutcome, commit_replace
-from compactor.deleter import delete_files
 from compactor.errors import CommitConflictError, CompactorError, first_line
-from compactor.inflight import RunLease
-from compactor.planner import FileGroup, InputFile, Plan, plan_rewrite
-from compactor.rewriter import GroupResult, rewrite_group
+from compactor.executors import Executor, make_executor
+from compactor.inflight import RunLease, remove_run_files
+from compactor.planner import FileGroup, Plan, plan_rewrite
 from compactor.settings import SNAPSHOT_PROPERTY_TOOL, RewriteOptions
+from compactor.tasks import EventToken, RewriteTask, TaskCancelled, TaskResult, plan_tasks
 
 ERROR, CONFLICT, CANCELLED = "error", "conflict", "cancelled"
 
@@ -34,10 +39,6 @@ class Progress(Protocol):
 
     def start(self, plan: Plan) -> None: ...
     def advance(self, input_bytes: int) -> None: ...
-
-
-class RunCancelled(CompactorError):
-    """The run was asked to stop before this group finished."""
 
 
 @dataclass(frozen=True)
@@ -64,8 +65,14 @@ class RunResult:
     duration_s: float = 0.0
 
     @property
-    def committed(self) -> list[GroupResult]:
+    def committed(self) -> list[TaskResult]:
+        """Results of the groups committed, in commit order."""
         return [r for c in self.commits for r in c.committed]
+
+    @property
+    def committed_groups(self) -> list[FileGroup]:
+        """The plan's groups that were committed, in commit order."""
+        return [self.plan.group(r.task_id) for r in self.committed]
 
     @property
     def snapshot_ids(self) -> list[int]:
@@ -77,7 +84,7 @@ class RunResult:
 
     def to_dict(self) -> dict[str, Any]:
         committed = self.committed
-        rewritten = [f for r in committed for f in r.group.files]
+        rewritten = [f for g in self.committed_groups for f in g.files]
         added = [d for r in committed for d in r.data_files]
         return {
             "table": self.table,
@@ -103,112 +110,43 @@ class RunResult:
         }
 
 
-class _Runner:
-    """Rewrites a plan's groups and commits them in batches; owns cleanup of uncommitted files."""
+class CommitManager:
+    """Commits finished tasks in batches of ``commit_batch_size`` and records what happened.
 
-    def __init__(
-        self,
-        table: Table,
-        result: RunResult,
-        options: RewriteOptions,
-        lease: RunLease,
-        progress: Progress | None,
-        stop: threading.Event,
-    ) -> None:
-        self.table, self.result, self.options = table, result, options
+    Knows which output files the table may now reference (``committed_outputs``), and whether
+    a commit's outcome is in doubt (``in_doubt``): then no file of the run may be deleted.
+    """
+
+    def __init__(self, table: Table, result: RunResult, options: RewriteOptions, lease: RunLease):
+        self.table, self.result, self.options, self.lease = table, result, options, lease
         self.plan = result.plan
-        self.lease, self.progress, self.stop = lease, progress, stop
-        # Set when the run fails: the other groups stop too. The caller's ``stop`` is not ours to set.
-        self._abort = threading.Event()
-        self._lock = threading.Lock()
-        self._created: list[str] = []
-        self._committed: set[str] = set()
+        self.batch_size = options.commit_batch_size(len(self.plan.groups))
+        self.pending: list[TaskResult] = []
+        self.committed_outputs: set[str] = set()
+        self.in_doubt = False
         self._rewritten: set[str] = set()  # input files replaced by this run's commits so far
-        # True while a catalog commit is under way: if it is interrupted, it may still have landed.
-        self._commit_in_doubt = False
-        self.undeleted: list[str] | None = None
 
-    def run(self) -> None:
-        """Run to the end; then ``undeleted`` lists files that could not be cleaned up.
+    def add(self, result: TaskResult) -> None:
+        """Take a finished task; commit once a batch is full."""
+        self.pending.append(result)
+        if len(self.pending) >= self.batch_size:
+            self.flush()
 
-        ``undeleted`` stays None if the clean-up itself could not run to its end, and when a
-        commit's outcome is unknown: it may still land, so nothing is deleted and the run
-        record is left for the next run, which decides once the table's state is certain.
-        """
-        try:
-            self._rewrite_and_commit()
-        finally:
-            if not self._commit_in_doubt:
-                leftovers = [p for p in self._created if p not in self._committed]
-                self.undeleted = delete_files(self.table.io, leftovers)
+    def flush(self) -> None:
+        """Commit the finished tasks not committed yet."""
+        batch, self.pending = self.pending, []
+        if batch:
+            self._commit(batch)
 
-    def _stopping(self) -> bool:
-        return self.stop.is_set() or self._abort.is_set()
+    def fail(self, group_id: int, kind: str, error: BaseException | str) -> None:
+        reason = error if isinstance(error, str) else first_line(error)
+        self.result.failures.append(GroupFailure(group_id, kind, reason))
 
-    def _on_created(self, path: str) -> None:
-        self.lease.add_files([path])
-        with self._lock:
-            self._created.append(path)
-
-    def _on_file_done(self, f: InputFile) -> None:
-        if self.progress:
-            with self._lock:
-                self.progress.advance(f.size)
-        if self._stopping():
-            raise RunCancelled(f"table {self.plan.table}: stopped before this group finished")
-
-    def _run_group(self, group: FileGroup) -> GroupResult:
-        if self._stopping():
-            raise RunCancelled(f"table {self.plan.table}: stopped before this group started")
-        return rewrite_group(
-            group,
-            self.table.metadata,
-            self.table.io,
-            row_group_size=self.options.row_group_size,
-            read_ahead=self.options.read_ahead,
-            file_prefix=f"compactor-{self.result.run_id}-g{group.group_id:04d}",
-            on_file_done=self._on_file_done,
-            on_file_created=self._on_created,
-        )
-
-    def _rewrite_and_commit(self) -> None:
-        batch_size = self.options.commit_batch_size(len(self.plan.groups))
-        finished: list[GroupResult] = []
-        with ThreadPoolExecutor(self.options.parallelism, thread_name_prefix="rewrite") as pool:
-            futures: dict[Future[GroupResult], FileGroup] = {
-                pool.submit(self._run_group, g): g for g in self.plan.groups
-            }
-            try:
-                for future in as_completed(futures):
-                    group, error = futures[future], future.exception()
-                    if error is None:
-                        finished.append(future.result())
-                        if len(finished) >= batch_size:
-                            self._commit(finished)
-                            finished = []
-                    elif isinstance(error, RunCancelled):
-                        self._fail(group.group_id, CANCELLED, error)
-                    elif self.options.partial_progress and isinstance(error, CompactorError):
-                        self._fail(group.group_id, ERROR, error)
-                    else:
-                        raise error
-                if finished:
-                    self._commit(finished)
-            except BaseException:
-                self._abort.set()
-                for future in futures:
-                    future.cancel()
-                raise
-        self.result.stopped = self.stop.is_set()
-
-    def _fail(self, group_id: int, kind: str, error: BaseException) -> None:
-        self.result.failures.append(GroupFailure(group_id, kind, first_line(error)))
-
-    def _commit(self, batch: list[GroupResult]) -> None:
+    def _commit(self, batch: list[TaskResult]) -> None:
         properties = {SNAPSHOT_PROPERTY_TOOL: __version__, "compactor.run-id": self.result.run_id}
         # In doubt from before the catalog call until the committed files are recorded: a
-        # signal anywhere in between leaves every file in place (see ``run``).
-        self._commit_in_doubt = True
+        # signal anywhere in between leaves every file in place (see ``_clean_up``).
+        self.in_doubt = True
         try:
             outcome = commit_replace(
                 self.table,
@@ -220,24 +158,77 @@ class _Runner:
                 fence=self.lease.verify,
             )
         except CommitConflictError as exc:
-            self._commit_in_doubt = False
+            self.in_doubt = False
             if not self.options.partial_progress or self.lease.lost:
                 raise
             for r in batch:
-                self._fail(r.group.group_id, CONFLICT, exc)
+                self.fail(r.task_id, CONFLICT, exc)
             return
         if outcome.snapshot_id is not None:
-            with self._lock:
-                self._committed.update(d.file_path for r in outcome.committed for d in r.data_files)
-        self._commit_in_doubt = False
+            self.committed_outputs.update(
+                d.file_path for r in outcome.committed for d in r.data_files
+            )
+        self.in_doubt = False
         for group_id, reason in sorted(outcome.conflicts.items()):
-            self.result.failures.append(GroupFailure(group_id, CONFLICT, reason))
+            self.fail(group_id, CONFLICT, reason)
         if outcome.snapshot_id is not None:
             self.result.commits.append(outcome)
-            self._rewritten.update(f.path for r in outcome.committed for f in r.group.files)
+            for r in outcome.committed:
+                self._rewritten.update(f.path for f in self.plan.group(r.task_id).files)
         elif outcome.conflicts and not self.options.partial_progress:
             reasons = "; ".join(sorted(set(outcome.conflicts.values())))
             raise CommitConflictError(f"table {self.plan.table}: nothing committed: {reasons}")
+
+
+def _rewrite_and_commit(
+    tasks: list[RewriteTask],
+    executor: Executor,
+    commits: CommitManager,
+    progress: Progress | None,
+    stop: threading.Event,
+) -> None:
+    """Run ``tasks`` on ``executor``, committing results as they come; stop all on a failure."""
+    abort = threading.Event()  # the run failed: the other tasks stop too (``stop`` is not ours)
+    outcomes = executor.run(tasks, EventToken(stop, abort))
+    try:
+        for task, outcome in outcomes:
+            if isinstance(outcome, TaskResult):
+                if progress:
+                    progress.advance(outcome.input_bytes)
+                commits.add(outcome)
+            elif isinstance(outcome, TaskCancelled):
+                commits.fail(task.task_id, CANCELLED, outcome)
+            elif commits.options.partial_progress and isinstance(outcome, CompactorError):
+                commits.fail(task.task_id, ERROR, outcome)
+            else:
+                raise outcome
+        commits.flush()
+    except BaseException:
+        abort.set()
+        raise
+    finally:
+        close = getattr(outcomes, "close", None)  # a generator: returns once no task runs
+        if close is not None:
+            close()
+    commits.result.stopped = stop.is_set()
+
+
+def _clean_up(table: Table, run_id: str, commits: CommitManager) -> list[str] | None:
+    """Delete what the run's tasks wrote and it did not commit, then their intent files.
+
+    Returns the files that could not be deleted; None, deleting nothing, when a commit's
+    outcome is unknown: it may still land, so the next run decides once the table's state is
+    certain.
+    """
+    if commits.in_doubt:
+        return None
+    _, failed = remove_run_files(table, [run_id], [], lambda: commits.committed_outputs)
+    return failed
+
+
+def new_run_id() -> str:
+    """A run id: names the run's files, intent files and snapshots."""
+    return uuid.uuid4().hex[:12]
 
 
 def compact(
@@ -248,37 +239,64 @@ def compact(
     dry_run: bool = False,
     progress: Progress | None = None,
     stop: threading.Event | None = None,
+    executor: Executor | None = None,
 ) -> RunResult:
     """Compact ``table`` per ``options``; commits nothing when dry-run or nothing helps.
 
-    Raises :class:`compactor.inflight.LeaseHeldError` when another live run holds the table.
-    Setting ``stop`` ends the run early: no new group starts, running ones are abandoned at the
-    next file, finished ones are committed.
+    Groups are rewritten by ``executor`` (default: the one ``options.executor`` names, closed
+    at the end; an executor given is the caller's to close). Raises
+    :class:`compactor.inflight.LeaseHeldError` when another live run holds the table. Setting
+    ``stop`` ends the run early: no new group starts, running ones are abandoned at the next
+    file, finished ones are committed.
     """
     started = time.monotonic()
-    run_id = uuid.uuid4().hex[:12]
+    run_id = new_run_id()
     if dry_run:
         result = RunResult(
             identifier, plan_rewrite(table, identifier, options), run_id, dry_run=True
         )
         result.duration_s = time.monotonic() - started
         return result
+    owned = executor is None
+    executor = executor or make_executor(options)
+    try:
+        result = _run(table, identifier, options, run_id, executor, progress, stop)
+    finally:
+        if owned:
+            executor.close()
+    result.duration_s = time.monotonic() - started
+    return result
+
+
+def _run(
+    table: Table,
+    identifier: str,
+    options: RewriteOptions,
+    run_id: str,
+    executor: Executor,
+    progress: Progress | None,
+    stop: threading.Event | None,
+) -> RunResult:
     lease = RunLease(table, run_id, options.lease_ttl_s)
     lease.acquire()
-    runner: _Runner | None = None
+    undeleted: list[str] | None = []
     try:
         result = RunResult(identifier, plan_rewrite(table, identifier, options), run_id)
         result.recovered_files = lease.recovered
         if result.plan.groups:
             if progress:
                 progress.start(result.plan)
-            runner = _Runner(table, result, options, lease, progress, stop or threading.Event())
-            runner.run()
+            tasks = plan_tasks(result.plan, run_id, table.io.properties)
+            commits = CommitManager(table, result, options, lease)
+            undeleted = None  # until the clean-up has run to its end
+            try:
+                _rewrite_and_commit(tasks, executor, commits, progress, stop or threading.Event())
+            finally:
+                undeleted = _clean_up(table, run_id, commits)
     finally:
         # Keep the record, expired, while files may remain: the next run finishes the clean-up.
-        if runner is not None and runner.undeleted != []:
+        if undeleted != []:
             lease.abandon()
         else:
             lease.release()
-    result.duration_s = time.monotonic() - started
     return result

@@ -243,6 +243,8 @@ class Daemon:
                 commit_every=section.commit_every,
                 max_commits=section.max_commits,
                 parallelism=section.parallelism,
+                executor=section.executor,
+                ray_address=section.ray_address,
             )
             reasons, score = self._score(table, identifier, job.name, options, section)
         except Exception as exc:

@@ -23,9 +23,17 @@ class CompactorError(Exception):
 
 
 class UsageError(CompactorError):
-    """Bad flags, settings or references (catalog, namespace, table, filter)."""
+    """Bad flags, settings or references (catalog, namespace, table, filter).
+
+    ``options`` are the option names the message mentions, spelled as the library spells them
+    (``target_file_size``): the command line shows its flags (``--target-file-size``) instead.
+    """
 
     exit_code = EXIT_USAGE
+
+    def __init__(self, message: str = "", *options: str) -> None:
+        super().__init__(message)
+        self.options = options
 
 
 class ConfigError(UsageError):

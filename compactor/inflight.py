@@ -1,11 +1,18 @@
-"""The run record kept beside a table: an advisory lease plus every file the run has written.
+"""The run record kept beside a table: an advisory lease naming the run and the files it writes.
 
 A run writes ``metadata/compactor-run.{0,1}.json`` under the table location before it writes
-any file, adds each file's path to it *before* creating the file, and deletes the record when it
-ends. Writes alternate between the two slots with a sequence number, so a write torn by a crash
-only damages one slot and the other still lists every file created so far. A record left behind belongs to a run that was killed: the next run deletes the files it
-lists that no snapshot references, then takes the lease. While a live run holds the record,
-other runs back off; the catalog's optimistic commit remains the authority on correctness.
+any file and deletes the record when it ends. The record names the run; the files the run's
+rewrite tasks create are listed, each *before* it is created, in the tasks' own intent files
+(``metadata/compactor-intent-<run id>-*``, :mod:`compactor.intent`), and the metadata files
+the driver writes for its commits in the record itself, also before they are created. Writes
+alternate between the two slots with a sequence number, so a write torn by a crash only damages
+one slot and the other still lists every file created so far.
+
+A record left behind belongs to a run that was killed. The next run takes the lease, carrying
+the dead run's id and files over into its own record, then deletes every file the dead run's
+record and intent files list that no snapshot references, and then those intent files. While a
+live run holds the record, other runs back off; the catalog's optimistic commit remains the
+authority on correctness.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -23,6 +31,7 @@ from pyiceberg.table import Table
 
 from compactor.deleter import delete_files
 from compactor.errors import CommitConflictError, CompactorError
+from compactor.intent import intent_files, listed_files
 from compactor.references import table_references
 
 log = logging.getLogger(__name__)
@@ -47,6 +56,13 @@ class RunRecord:
     seq: int = 0
     process: str = ""  # process_token(pid) when written: tells a reused PID from the writer
     pid_namespace: str = ""  # the writer's PID namespace (Linux); where its PID means anything
+    # Abandoned runs this record took over: their intent files are this record's too.
+    abandoned_runs: list[str] = field(default_factory=list)
+
+    @property
+    def runs(self) -> list[str]:
+        """This run and the abandoned runs it took over: whose intent files the record covers."""
+        return [self.run_id, *self.abandoned_runs]
 
     def is_live(self, now_ms: int) -> bool:
         """A record is live until it expires, unless its process is provably gone.
@@ -142,19 +158,50 @@ def read_record(table: Table) -> RunRecord | None:
     )
 
 
+def run_files(
+    table: Table, run_ids: list[str], files: Sequence[str] = ()
+) -> tuple[list[str], list[str]]:
+    """``files`` plus every file the intent files of runs ``run_ids`` list; and those intent files.
+
+    Each file was recorded before it was created, so whatever such a run left in storage is
+    among them.
+    """
+    intents = intent_files(table.io, table.metadata.location, run_ids)
+    return list(dict.fromkeys([*files, *listed_files(table.io, intents)])), intents
+
+
+def recorded_files(table: Table, record: RunRecord) -> tuple[list[str], list[str]]:
+    """Every file ``record`` covers (its own list and its runs' intent files), and the latter."""
+    return run_files(table, record.runs, record.files)
+
+
+def remove_run_files(
+    table: Table, run_ids: list[str], files: list[str], keep: Callable[[], set[str]]
+) -> tuple[list[str], list[str]]:
+    """Delete the files of :func:`run_files` but those in ``keep()`` (asked only if there are
+    any), then, once every one is gone, the intent files. Returns (deleted, not deleted).
+    """
+    candidates, intents = run_files(table, run_ids, files)
+    kept = keep() if candidates else set()
+    leftovers = [path for path in candidates if path not in kept]
+    failed = delete_files(table.io, leftovers) or delete_files(table.io, intents)
+    return [p for p in leftovers if p not in set(failed)], failed
+
+
 def recover_abandoned_files(table: Table, record: RunRecord) -> list[str]:
-    """Delete the files an abandoned run wrote that no snapshot of ``table`` references."""
-    if not record.files:
-        return []
-    referenced = table_references(table).all()
-    leftovers = [path for path in record.files if path not in referenced]
-    failed = set(delete_files(table.io, leftovers))
+    """Delete the files an abandoned run wrote that no snapshot of ``table`` references.
+
+    Returns the files deleted; their intent files go too once they are all gone.
+    """
+    deleted, failed = remove_run_files(
+        table, record.runs, record.files, lambda: table_references(table).all()
+    )
     if failed:
         raise CompactorError(
             f"table {'.'.join(table.name())}: could not delete {len(failed)} files of abandoned "
             f"run {record.run_id}, e.g. {sorted(failed)[0]}"
         )
-    return leftovers
+    return deleted
 
 
 class RunLease:
@@ -197,6 +244,7 @@ class RunLease:
                 )
             self._record.seq = existing.seq
             self._record.files = list(existing.files)
+            self._record.abandoned_runs = list(dict.fromkeys(existing.runs))
         self._write()
         current = read_record(self._table)
         if current is None or current.run_id != self._record.run_id:
@@ -208,7 +256,8 @@ class RunLease:
         self._heartbeat.start()
 
     def add_files(self, paths: list[str]) -> None:
-        """Record paths before the files are created, so a crash never leaves one untracked.
+        """Record paths (the driver's metadata files) before the files are created, so a crash
+        never leaves one untracked.
 
         Raises :class:`CommitConflictError` once another run holds the record: the files
         must not be created, and the other run's record must not be overwritten.
@@ -271,7 +320,10 @@ class RunLease:
     def _write_locked(self) -> None:
         self._record.expires_ms = _now_ms() + self._ttl_ms
         self._record.seq += 1
-        payload = json.dumps(asdict(self._record)).encode()
+        fields = asdict(self._record)
+        if not fields["abandoned_runs"]:  # the common case: readable by earlier versions too
+            del fields["abandoned_runs"]
+        payload = json.dumps(fields).encode()
         slot = self._paths[self._record.seq % len(self._paths)]
         with self._table.io.new_output(slot).create(overwrite=True) as stream:
             stream.write(payload)

@@ -41,6 +41,7 @@ from compactor.errors import ConfigError, UsageError
 from compactor.settings import (
     DEFAULT_COMMIT_EVERY,
     DEFAULT_DELETE_FILE_THRESHOLD,
+    DEFAULT_EXECUTOR,
     DEFAULT_MAX_COMMITS,
     DEFAULT_MIN_INPUT_FILES,
     MIN_ORPHAN_AGE_MS,
@@ -135,6 +136,14 @@ class CompactAction(Schedule):
     commit_every: int = Field(DEFAULT_COMMIT_EVERY, ge=0)
     max_commits: int = Field(DEFAULT_MAX_COMMITS, ge=1)
     parallelism: int | None = Field(None, ge=1)
+    executor: Literal["threads", "ray"] = DEFAULT_EXECUTOR
+    ray_address: str | None = Field(None, min_length=1)
+
+    @model_validator(mode="after")
+    def _ray_address_needs_ray(self) -> CompactAction:
+        if self.ray_address is not None and self.executor != "ray":
+            raise ValueError('ray_address is only used with executor = "ray"')
+        return self
 
 
 class ExpireAction(Schedule):

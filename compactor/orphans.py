@@ -9,7 +9,8 @@ recorded, committed or claimed by a table in between is seen. Files younger than
 cleans up after an abandoned one. Paths are compared as location keys (``s3a``/``s3n``/``s3``,
 ``file:`` forms and percent-encoding made equal). Symlinks, odd locations, anything outside the
 table's location and anything under another table's location (:mod:`compactor.guards`) are
-refused; so are tables with ``gc.enabled=false``.
+refused; so are tables with ``gc.enabled=false``. The intent files of a run that has a record
+(``metadata/compactor-intent-<run id>-*``) and the files they list are kept like the record's.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from compactor.guards import (
     other_tables_fences,
     tables_in_listing,
 )
-from compactor.inflight import RECORD_SLOTS, read_record
+from compactor.inflight import RECORD_SLOTS, read_record, recorded_files
 from compactor.paths import UnsafePathError, is_within, location_key
 from compactor.references import FileRef, table_references
 from compactor.settings import MIN_ORPHAN_AGE_MS
@@ -53,14 +54,18 @@ def _protected_metadata(table: Table) -> set[str]:
 
 
 def _run_record_files(table: Table) -> set[str]:
-    """Keys of every file the table's run record lists, whether its run is live or not.
+    """Keys of every file the table's run record covers, whether its run is live or not.
 
-    A slot torn by a crash is skipped (:func:`compactor.inflight.read_record`): a run records
-    each file before creating it, so the intact slot lists every file that exists.
+    That is every file the record lists, every intent file of a run the record names
+    (:mod:`compactor.intent`), and every file those list. A slot torn by a crash is skipped
+    (:func:`compactor.inflight.read_record`): a run records each file before creating it, so
+    the intact slot lists every file that exists. Intent files of runs no record names are
+    ordinary files: orphans once older than the cut-off.
     """
     record = read_record(table)
+    files, intents = recorded_files(table, record) if record is not None else ([], [])
     keys = set()
-    for path in record.files if record is not None else []:
+    for path in [*files, *intents]:
         try:
             keys.add(location_key(path))
         except UnsafePathError:
@@ -94,8 +99,9 @@ def find_orphans(table: Table, cutoff_ms: int, *, catalog: Catalog | None = None
     locations, which are never swept.
     """
     listing: list[StoredFile] = list(list_files(table.io, table.metadata.location))
-    # The run record before the metadata: a run records each file before creating it, and
-    # releases its record only after committing, so a listed file is in one or the other.
+    # The run record (and its runs' intent files) before the metadata: a run records each file
+    # before creating it, and releases its record only after committing or deleting its files,
+    # so a listed file is in one or the other.
     recorded = _run_record_files(table)
     table.refresh()
     identifier = ".".join(table.name())

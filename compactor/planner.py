@@ -1,7 +1,10 @@
 """Plan a compaction: read the snapshot's manifests, pick candidate files, bin-pack them.
 
-A :class:`Plan` is plain data: it names the snapshot it was made from, every input file with
-the position deletes that apply to it, and the groups to rewrite.
+A :class:`Plan` names the snapshot it was made from, every input file with the position deletes
+that apply to it, and the groups to rewrite. It stays in the driver: besides the groups it keeps
+what only the commit needs (manifest entries, the start snapshot's manifests, which data files
+each delete file applies to). What leaves the driver are :class:`compactor.tasks.RewriteTask`
+objects made from its groups.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from pyiceberg.manifest import (
 )
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.table import Table
+from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.transforms import VoidTransform
 from pyiceberg.typedef import Record
 
@@ -96,13 +100,15 @@ class FileGroup:
 
 @dataclass
 class Plan:
-    """What a run will rewrite, made from one snapshot of the table."""
+    """What a run will rewrite, made from one snapshot of the table (``metadata``)."""
 
     table: str
     snapshot_id: int | None
     sequence_number: int
     format_version: int
     options: RewriteOptions
+    metadata: TableMetadata
+    metadata_location: str
     groups: list[FileGroup] = field(default_factory=list)
     # Position delete files touching planned inputs -> every live data file they apply to.
     delete_file_targets: dict[str, tuple[DataFile, frozenset[str]]] = field(default_factory=dict)
@@ -115,6 +121,13 @@ class Plan:
     @property
     def input_files(self) -> int:
         return sum(len(g.files) for g in self.groups)
+
+    def group(self, group_id: int) -> FileGroup:
+        """The group with ``group_id`` (a task's ``task_id``)."""
+        group = self.groups[group_id] if 0 <= group_id < len(self.groups) else None
+        if group is None or group.group_id != group_id:
+            group = next(g for g in self.groups if g.group_id == group_id)
+        return group
 
     @property
     def input_bytes(self) -> int:
@@ -135,14 +148,14 @@ class Plan:
 
 
 def parse_where(table: Table, where: str | None) -> BooleanExpression:
-    """Parse and bind a ``--where`` filter against the table's schema, or fail clearly."""
+    """Parse and bind a ``where`` filter against the table's schema, or fail clearly."""
     if not where:
         return AlwaysTrue()
     try:
         expression = parse_filter(where)
         bind(table.schema(), expression, case_sensitive=True)
     except Exception as exc:  # pyparsing and binding raise several unrelated types
-        raise UsageError(f"--where {where!r}: {first_line(exc)}") from None
+        raise UsageError(f"where {where!r}: {first_line(exc)}", "where") from None
     return expression
 
 
@@ -238,6 +251,8 @@ def plan_rewrite(table: Table, identifier: str, options: RewriteOptions) -> Plan
         sequence_number=snapshot.sequence_number or INITIAL_SEQUENCE_NUMBER if snapshot else 0,
         format_version=metadata.format_version,
         options=options,
+        metadata=metadata,
+        metadata_location=table.metadata_location,
     )
     if snapshot is None:
         return plan

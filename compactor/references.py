@@ -22,7 +22,6 @@ CONTENT_KINDS = {
     DataFileContent.POSITION_DELETES: "position_delete_files",
     DataFileContent.EQUALITY_DELETES: "equality_delete_files",
 }
-KINDS = (MANIFEST_LIST, MANIFEST, *CONTENT_KINDS.values(), STATISTICS)
 
 
 @dataclass(frozen=True)

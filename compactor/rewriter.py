@@ -1,45 +1,42 @@
-"""Rewrite one file group: stream its live rows through the Iceberg read path into new files.
+"""Rewrite one group of input files: stream their live rows through the Iceberg read path.
 
-``rewrite_group`` is a pure function of (group, table metadata, file IO): it commits nothing,
-so it can run in a thread, a process or on another machine.
+:func:`rewrite_files` is a pure function of (inputs, output spec): it commits nothing and calls
+nothing of the driver's, so it runs wherever :func:`compactor.tasks.run_task` runs.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.io import FileIO
 from pyiceberg.manifest import DataFile
-from pyiceberg.table.locations import load_location_provider
 from pyiceberg.table.metadata import TableMetadata
 
 from compactor.deleter import delete_files
 from compactor.errors import CompactorError, DataFileError
 from compactor.parquet_output import OutputSpec, RollingParquetWriter
-from compactor.planner import FileGroup, InputFile
 from compactor.pyiceberg_compat import read_data_file, read_position_deletes
 from compactor.settings import STREAM_FILE_THRESHOLD
+
+if TYPE_CHECKING:
+    from compactor.tasks import TaskInput
 
 READ_THREADS = 4
 
 
 @dataclass
-class GroupResult:
-    """What rewriting one group produced."""
+class Rewritten:
+    """What rewriting a group's inputs produced."""
 
-    group: FileGroup
     data_files: list[DataFile] = field(default_factory=list)
     records_read: int = 0
     rows_deleted: int = 0
-
-    @property
-    def output_bytes(self) -> int:
-        return sum(f.file_size_in_bytes for f in self.data_files)
 
 
 def _describe(exc: BaseException) -> str:
@@ -47,23 +44,24 @@ def _describe(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
-def _positions_by_file(io: FileIO, group: FileGroup) -> dict[str, list[pa.ChunkedArray]]:
+def _positions_by_file(io: FileIO, inputs: Sequence[TaskInput]) -> dict[str, list[pa.ChunkedArray]]:
     """Deleted positions per input, from the delete files that apply to that input's entry.
 
     A delete file lists positions by path, but applies only to data files whose sequence
     numbers the spec allows (e.g. not to a path removed and added again after the delete):
     each input takes positions only from its own ``delete_files``.
     """
-    wanted = {f.path for f in group.files}
+    wanted = {f.path for f in inputs}
+    unique = {d.file_path: d for f in inputs for d in f.delete_files}
     read: dict[str, dict[str, pa.ChunkedArray]] = {}
-    for delete_file in sorted(group.delete_files, key=lambda d: d.file_path):
+    for _, delete_file in sorted(unique.items()):
         try:
             by_file = read_position_deletes(io, delete_file)
         except Exception as exc:
             raise DataFileError(f"delete file {delete_file.file_path}: {_describe(exc)}") from exc
         read[delete_file.file_path] = {p: a for p, a in by_file.items() if p in wanted}
     positions: dict[str, list[pa.ChunkedArray]] = {}
-    for f in group.files:
+    for f in inputs:
         for delete_file in sorted(f.delete_files, key=lambda d: d.file_path):
             array = read[delete_file.file_path].get(f.path)
             if array is not None:
@@ -91,14 +89,14 @@ class _OrderedReader:
         self,
         io: FileIO,
         metadata: TableMetadata,
-        files: list[InputFile],
+        files: Sequence[TaskInput],
         positions: dict[str, list[pa.ChunkedArray]],
         read_ahead: int,
     ) -> None:
         self._io, self._metadata, self._positions = io, metadata, positions
         self._files, self._read_ahead = files, read_ahead
 
-    def _stream(self, f: InputFile) -> Iterator[pa.RecordBatch]:
+    def _stream(self, f: TaskInput) -> Iterator[pa.RecordBatch]:
         try:
             yield from read_data_file(
                 self._io, self._metadata, f.data_file, self._positions.get(f.path)
@@ -106,13 +104,13 @@ class _OrderedReader:
         except Exception as exc:
             raise DataFileError(f"data file {f.path}: {_describe(exc)}") from exc
 
-    def _load(self, f: InputFile) -> list[pa.RecordBatch]:
+    def _load(self, f: TaskInput) -> list[pa.RecordBatch]:
         return list(self._stream(f))
 
     def batches(
         self,
-    ) -> Iterator[tuple[InputFile, list[pa.RecordBatch] | Iterator[pa.RecordBatch]]]:
-        pending: deque[tuple[InputFile, Future[list[pa.RecordBatch]] | None]] = deque()
+    ) -> Iterator[tuple[TaskInput, list[pa.RecordBatch] | Iterator[pa.RecordBatch]]]:
+        pending: deque[tuple[TaskInput, Future[list[pa.RecordBatch]] | None]] = deque()
         in_flight = 0
         index = 0
         with ThreadPoolExecutor(READ_THREADS) as pool:
@@ -140,37 +138,27 @@ class _OrderedReader:
                         future.cancel()
 
 
-def rewrite_group(
-    group: FileGroup,
-    metadata: TableMetadata,
-    io: FileIO,
+def rewrite_files(
+    inputs: Sequence[TaskInput],
+    out: OutputSpec,
     *,
-    row_group_size: int,
     read_ahead: int,
-    file_prefix: str,
-    on_file_done: Callable[[InputFile], None] | None = None,
-    on_file_created: Callable[[str], None] | None = None,
-) -> GroupResult:
-    """Rewrite ``group`` into new data files; on any failure remove what was written and raise.
+    label: str,
+    between_files: Callable[[], None],
+    on_file_created: Callable[[str], None],
+) -> Rewritten:
+    """Rewrite ``inputs`` into new data files; on any failure remove what was written and raise.
 
-    Checks that every live input row was written: rows read plus rows deleted by position
-    deletes must equal each input file's record count.
+    ``between_files`` runs after each input file (it raises to stop); ``on_file_created`` gets
+    each output path before its file is created. Checks that every live input row was written:
+    rows read plus rows deleted by position deletes must equal each input file's record count.
+    ``label`` names the group in errors.
     """
-    out = OutputSpec(
-        metadata=metadata,
-        io=io,
-        locations=load_location_provider(metadata.location, metadata.properties),
-        spec_id=group.spec_id,
-        partition=group.partition,
-        target_file_size=group.target_file_size,
-        row_group_size=row_group_size,
-        file_prefix=file_prefix,
-    )
     writer = RollingParquetWriter(out, on_create=on_file_created)
-    result = GroupResult(group)
+    result = Rewritten()
     try:
-        positions = _positions_by_file(io, group)
-        reader = _OrderedReader(io, metadata, group.files, positions, read_ahead)
+        positions = _positions_by_file(out.io, inputs)
+        reader = _OrderedReader(out.io, out.metadata, inputs, positions, read_ahead)
         for f, batches in reader.batches():
             rows = 0
             for batch in batches:
@@ -184,19 +172,16 @@ def rewrite_group(
                 )
             result.records_read += rows
             result.rows_deleted += deleted
-            if on_file_done:
-                on_file_done(f)
+            between_files()
         result.data_files = writer.close()
         if writer.records_written != result.records_read:
             raise DataFileError(
-                f"group {group.group_id}: wrote {writer.records_written} rows, read {result.records_read}"
+                f"{label}: wrote {writer.records_written} rows, read {result.records_read}"
             )
     except BaseException as exc:
         writer.abort()
-        delete_files(io, writer.created)
+        delete_files(out.io, writer.created)
         if isinstance(exc, CompactorError | KeyboardInterrupt | SystemExit):
             raise
-        raise DataFileError(
-            f"group {group.group_id} ({group.partition_path or 'unpartitioned'}): {_describe(exc)}"
-        ) from exc
+        raise DataFileError(f"{label}: {_describe(exc)}") from exc
     return result

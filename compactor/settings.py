@@ -1,6 +1,8 @@
 """Every default in one place, and how flags and Iceberg table properties combine into options.
 
-Precedence: command-line flag, then the table's Iceberg property, then the default below.
+Precedence: an option given (a flag, a job file key, a keyword argument), then the table's
+Iceberg property, then the default below. Errors name options as the library spells them
+(``target_file_size``); the command line shows its flags instead.
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ DEFAULT_COMMIT_EVERY = 0
 DEFAULT_MAX_COMMITS = 10
 # A run's lease on a table lasts this long without a heartbeat (heartbeats come every third).
 DEFAULT_LEASE_TTL_S = 600.0
+# Where groups are rewritten: threads of this process, or tasks on a Ray cluster (compactor[ray]).
+EXECUTORS = ("threads", "ray")
+DEFAULT_EXECUTOR = "threads"
 # Orphan removal never deletes files younger than this unless explicitly allowed
 # (--allow-short-older-than): a commit or a compaction run in flight may still need them.
 # Spark's remove_orphan_files defaults to 3 days, Trino refuses less than 7 days by default.
@@ -86,6 +91,8 @@ class RewriteOptions:
     commit_every: int = DEFAULT_COMMIT_EVERY
     max_commits: int = DEFAULT_MAX_COMMITS
     lease_ttl_s: float = DEFAULT_LEASE_TTL_S
+    executor: str = DEFAULT_EXECUTOR
+    ray_address: str | None = None
 
     @property
     def partial_progress(self) -> bool:
@@ -147,7 +154,7 @@ def check_pyiceberg_config() -> None:
 
 
 def check_filter_syntax(where: str) -> None:
-    """Fail with one line when ``--where`` is not a filter expression pyiceberg can parse.
+    """Fail with one line when ``where`` is not a filter expression pyiceberg can parse.
 
     Columns are checked later, against the table's schema, by the planner.
     """
@@ -159,8 +166,22 @@ def check_filter_syntax(where: str) -> None:
         column = getattr(exc, "col", None)
         at = f" at column {column}" if isinstance(column, int) and column > 1 else ""
         raise UsageError(
-            f'--where {where!r}: not a valid filter{at} (example: "{FILTER_EXAMPLE}")'
+            f'where {where!r}: not a valid filter{at} (example: "{FILTER_EXAMPLE}")', "where"
         ) from None
+
+
+def _size(value: str, option: str) -> int:
+    try:
+        return parse_size(value, option)
+    except UsageError as exc:
+        raise UsageError(str(exc), option) from None
+
+
+def _at_least(option: str, value: int, minimum: int, meaning: str = "") -> None:
+    if value < minimum:
+        raise UsageError(
+            f"{option}: must be {meaning or f'at least {minimum}'}, got {value}", option
+        )
 
 
 def resolve_options(
@@ -176,12 +197,18 @@ def resolve_options(
     where: str | None = None,
     commit_every: int = DEFAULT_COMMIT_EVERY,
     max_commits: int = DEFAULT_MAX_COMMITS,
+    executor: str = DEFAULT_EXECUTOR,
+    ray_address: str | None = None,
 ) -> RewriteOptions:
-    """Combine flags (``None`` = not given) with the table's properties into options."""
+    """Combine options (``None`` = not given) with the table's properties into RewriteOptions.
+
+    Errors are :class:`UsageError` naming the option (``target_file_size: ...``), or
+    :class:`ConfigError` naming the table property at fault.
+    """
     error: type[UsageError]
     if target_file_size is not None:
-        target = parse_size(target_file_size, "--target-file-size")
-        source, error = f"--target-file-size {target_file_size!r}", UsageError
+        target = _size(target_file_size, "target_file_size")
+        source, error = f"target_file_size {target_file_size!r}", UsageError
     else:
         property_target = _int_property(table_properties, TARGET_FILE_SIZE_PROPERTY, table)
         target = DEFAULT_TARGET_FILE_SIZE if property_target is None else property_target
@@ -194,28 +221,30 @@ def resolve_options(
         )
         raise error(
             f"{source} ({format_size(target)}) is outside the allowed range {allowed}"
-            + (" (smaller only with --allow-small-target)" if too_small else "")
+            + (" (smaller only with allow_small_target)" if too_small else ""),
+            "target_file_size",
+            "allow_small_target",
         )
-    if min_input_files < 1:
-        raise UsageError(f"--min-input-files: must be at least 1, got {min_input_files}")
-    if delete_file_threshold < 1:
-        raise UsageError(
-            f"--delete-file-threshold: must be at least 1, got {delete_file_threshold}"
-        )
-    group = (
-        parse_size(max_group_size, "--max-group-size") if max_group_size else DEFAULT_MAX_GROUP_SIZE
-    )
+    _at_least("min_input_files", min_input_files, 1)
+    _at_least("delete_file_threshold", delete_file_threshold, 1)
+    group = _size(max_group_size, "max_group_size") if max_group_size else DEFAULT_MAX_GROUP_SIZE
     if group < target:
-        raise UsageError(f"--max-group-size: {format_size(group)} is below the target file size")
+        raise UsageError(
+            f"max_group_size: {format_size(group)} is below the target file size", "max_group_size"
+        )
     workers = parallelism if parallelism is not None else default_parallelism()
-    if workers < 1:
-        raise UsageError(f"--parallelism: must be at least 1, got {workers}")
+    _at_least("parallelism", workers, 1)
     if where:
         check_filter_syntax(where)
-    if commit_every < 0:
-        raise UsageError(f"--commit-every: must be 0 (off) or more, got {commit_every}")
-    if max_commits < 1:
-        raise UsageError(f"--max-commits: must be at least 1, got {max_commits}")
+    _at_least("commit_every", commit_every, 0, "0 (off) or more")
+    _at_least("max_commits", max_commits, 1)
+    if executor not in EXECUTORS:
+        raise UsageError(
+            f"executor {executor!r}: must be one of {', '.join(map(repr, EXECUTORS))}", "executor"
+        )
+    if ray_address is not None and (executor != "ray" or not ray_address.strip()):
+        problem = "is empty" if executor == "ray" else "is only used with executor 'ray'"
+        raise UsageError(f"ray_address {ray_address!r}: {problem}", "ray_address", "executor")
     row_group = _int_property(table_properties, ROW_GROUP_SIZE_PROPERTY, table)
     return RewriteOptions(
         target_file_size=target,
@@ -227,4 +256,6 @@ def resolve_options(
         where=where,
         commit_every=commit_every,
         max_commits=max_commits,
+        executor=executor,
+        ray_address=ray_address,
     )

@@ -7,7 +7,7 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from pyarrow.fs import FileSelector, FileType
+from pyarrow.fs import FileInfo, FileSelector, FileType
 from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import PyArrowFileIO
 
@@ -36,19 +36,48 @@ def _list_local(root: str) -> Iterator[StoredFile]:
                 )
 
 
+def _listing(
+    io: FileIO, root: str, scheme: str, netloc: str, path: str, recursive: bool
+) -> list[FileInfo]:
+    if not isinstance(io, PyArrowFileIO):
+        raise UnsupportedTableError(
+            f"listing {root} needs pyiceberg's PyArrowFileIO (set py-io-impl), not {type(io).__name__}"
+        )
+    filesystem = io.fs_by_scheme(scheme, netloc)
+    selector = FileSelector(path.rstrip("/"), recursive=recursive, allow_not_found=True)
+    return filesystem.get_file_info(selector)
+
+
+def list_prefix(io: FileIO, prefix: str) -> list[str]:
+    """Locations of the files directly in ``prefix``'s directory whose names start like it.
+
+    One listing of that directory (not of what is below it), in ``prefix``'s own scheme.
+    """
+    scheme, netloc, path = PyArrowFileIO.parse_location(prefix)
+    directory, _, start = path.rpartition("/")
+    if scheme == "file":
+        try:
+            names = [
+                e.name for e in os.scandir(directory or "/") if e.is_file(follow_symlinks=False)
+            ]
+        except FileNotFoundError:
+            return []
+        return sorted(f"file://{directory}/{name}" for name in names if name.startswith(start))
+    found = _listing(io, prefix, scheme, netloc, directory, recursive=False)
+    return sorted(
+        f"{scheme}://{info.path}"
+        for info in found
+        if info.type == FileType.File and info.base_name.startswith(start)
+    )
+
+
 def list_files(io: FileIO, root: str) -> Iterator[StoredFile]:
     """Every file under ``root`` (recursively), as locations in ``root``'s own scheme."""
     scheme, netloc, path = PyArrowFileIO.parse_location(root)
     if scheme == "file":
         yield from _list_local(path)
         return
-    if not isinstance(io, PyArrowFileIO):
-        raise UnsupportedTableError(
-            f"listing {root} needs pyiceberg's PyArrowFileIO (set py-io-impl), not {type(io).__name__}"
-        )
-    filesystem = io.fs_by_scheme(scheme, netloc)
-    selector = FileSelector(path.rstrip("/"), recursive=True, allow_not_found=True)
-    for info in filesystem.get_file_info(selector):
+    for info in _listing(io, root, scheme, netloc, path, recursive=True):
         if info.type == FileType.File:
             mtime = info.mtime.timestamp() if info.mtime is not None else 0.0
             yield StoredFile(f"{scheme}://{info.path}", info.size or 0, int(mtime * 1000))

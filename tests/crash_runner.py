@@ -17,6 +17,8 @@ Points (see ``POINTS``):
 - ``committed``: the catalog commit returned: it landed; clean-up and record release not done.
 - ``record``: the run record (``RunLease._write_locked``) is being written: half of the
   payload reaches the slot, then the signal, so that slot is left torn.
+- ``intent``: a task's intent file (``IntentLog.add``, before an output file is created) is
+  being written: half of it reaches the slot, then the signal.
 
 With SIGKILL the process dies on the spot. After a graceful signal the hook waits until the
 signal handler has set its stop event (``run``'s, or the daemon's drain event), so what the run
@@ -35,7 +37,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-POINTS = ("open", "write", "close", "manifest-list", "commit", "committed", "record")
+POINTS = ("open", "write", "close", "manifest-list", "commit", "committed", "record", "intent")
 HOOK_MESSAGE = "crash_runner: {point} call {n}: sending {signal}"
 # Longest wait for the CLI's handler to take a graceful signal (it takes milliseconds).
 HANDLER_TIMEOUT_S = 120
@@ -130,6 +132,7 @@ def install(point: str, n: int, signals: list[signal.Signals]) -> _Trigger:
     import compactor.daemon
     from compactor.committer import _Attempt
     from compactor.inflight import RunLease
+    from compactor.intent import IntentLog
     from compactor.parquet_output import RollingParquetWriter
 
     trigger = _Trigger(point, n, signals)
@@ -219,6 +222,20 @@ def install(point: str, n: int, signals: list[signal.Signals]) -> _Trigger:
 
         return hooked
 
+    def torn_intent(real: Callable[..., Any]) -> Callable[..., Any]:
+        def hooked(self: IntentLog, path: str) -> None:
+            if not trigger.hit():
+                real(self, path)
+                return
+            io = self._io
+            self._io = _TornIO(io, trigger)  # type: ignore[assignment]
+            try:
+                real(self, path)
+            finally:
+                self._io = io
+
+        return hooked
+
     if point == "open":
         _patch(RollingParquetWriter, "_open_file", after)
     elif point == "write":
@@ -233,6 +250,8 @@ def install(point: str, n: int, signals: list[signal.Signals]) -> _Trigger:
         _patch(SqlCatalog, "commit_table", after)
     elif point == "record":
         _patch(RunLease, "_write_locked", torn)
+    elif point == "intent":
+        _patch(IntentLog, "add", torn_intent)
     else:
         raise SystemExit(f"crash_runner: unknown point {point!r}; one of {', '.join(POINTS)}")
     return trigger

@@ -285,8 +285,8 @@ def compact_and_verify(
     # Per partition, records only drop by the rows position deletes removed.
     expected_records = Counter(before_records)
     for group_result in result.committed:
-        key = (group_result.group.spec_id, group_result.group.partition)
-        expected_records[key] -= group_result.rows_deleted
+        group = result.plan.group(group_result.task_id)
+        expected_records[(group.spec_id, group.partition)] -= group_result.rows_deleted
     assert records_by_partition(table) == +expected_records
     assert_manifests_consistent(table)
     assert_same_rows(before_rows, scan_rows(table))

@@ -300,6 +300,11 @@ USAGE_ERRORS = {
         (*RUN, "--target-file-size", "12 parsecs"),
         ("--target-file-size", "12 parsecs"),
     ),
+    "unknown executor": ((*RUN, *SMALL_TARGET, "--executor", "spark"), ("--executor", "'spark'")),
+    "ray address without the ray executor": (
+        (*RUN, *SMALL_TARGET, "--ray-address", "ray://head:10001"),
+        ("--ray-address", "--executor 'ray'"),
+    ),
     "table without namespace": (("run", "--table", "events", *SMALL_TARGET), ("'events'",)),
     "inspect of an unknown table": (("inspect", "--table", "db.nope"), ("db.nope",)),
 }

@@ -44,6 +44,7 @@ from pyiceberg.typedef import Record
 from pyiceberg.types import IntegerType, LongType, NestedField, StringType
 
 import compactor.compaction as compaction
+import compactor.executors as executors
 from compactor.errors import CommitConflictError, CommitStateUnknownError
 from compactor.inflight import (
     LeaseHeldError,
@@ -54,6 +55,7 @@ from compactor.inflight import (
     record_paths,
 )
 from compactor.sample import create_events_table
+from compactor.tasks import RewriteTask, load_table_state
 
 SCHEMA = Schema(
     NestedField(1, "id", LongType(), required=False),
@@ -249,20 +251,20 @@ def test_a_run_in_another_pid_namespace_with_our_host_name_is_not_judged_dead(
 
 def _take_over_after_rewrite(monkeypatch: pytest.MonkeyPatch, delete_outputs: bool) -> None:
     """Once groups are rewritten, another run takes the lease (this run's heartbeat stalled)."""
-    real = compaction.rewrite_group
+    real = executors.run_task
 
-    def rewrite_then_lose_the_lease(group: Any, metadata: Any, io: Any, **kwargs: Any) -> Any:
-        result = real(group, metadata, io, **kwargs)
+    def rewrite_then_lose_the_lease(task: RewriteTask, cancel: Any = None) -> Any:
+        result = real(task, cancel)
         if delete_outputs:
             for data_file in result.data_files:
                 local_path(data_file.file_path).unlink()
-        location = metadata.location
+        location = load_table_state(task.metadata_location, task.io_properties)[0].location
         for slot in record_paths_for(location):
             record = RunRecord("usurper0001", "elsewhere", 1, 0, 2**62, [], seq=10**6)
             local_path(slot).write_text(json.dumps(asdict(record)))
         return result
 
-    monkeypatch.setattr(compaction, "rewrite_group", rewrite_then_lose_the_lease)
+    monkeypatch.setattr(executors, "run_task", rewrite_then_lose_the_lease)
 
 
 def record_paths_for(location: str) -> list[str]:
@@ -289,15 +291,15 @@ def test_outputs_missing_from_storage_are_not_committed(
 ) -> None:
     table = _events(catalog)
     before, snapshots = scan_rows(table), len(table.metadata.snapshots)
-    real = compaction.rewrite_group
+    real = executors.run_task
 
-    def rewrite_then_lose_outputs(group: Any, metadata: Any, io: Any, **kwargs: Any) -> Any:
-        result = real(group, metadata, io, **kwargs)
-        if group.group_id == 0:
+    def rewrite_then_lose_outputs(task: RewriteTask, cancel: Any = None) -> Any:
+        result = real(task, cancel)
+        if task.task_id == 0:
             local_path(result.data_files[0].file_path).unlink()
         return result
 
-    monkeypatch.setattr(compaction, "rewrite_group", rewrite_then_lose_outputs)
+    monkeypatch.setattr(executors, "run_task", rewrite_then_lose_outputs)
     result, table = run_compaction(catalog, "db.ev", commit_every=1)
     refused = [f for f in result.failures if f.group_id == 0]
     assert refused and "missing from storage" in refused[0].reason
@@ -425,7 +427,7 @@ def _interrupt_at_line(
         return outcome
 
     def tracer(frame: Any, event: str, arg: Any) -> Any:
-        if frame.f_code is not compaction._Runner._commit.__code__:
+        if frame.f_code is not compaction.CommitManager._commit.__code__:
             return None
 
         def local(frame: Any, event: str, arg: Any) -> Any:

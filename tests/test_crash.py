@@ -4,8 +4,9 @@ and the next run removes every file the killed one left behind.
 Each trial runs the real CLI in a subprocess through ``crash_runner.py``, which makes the process
 send itself a signal on the N-th call of one function (see its docstring for the points). After
 a SIGKILL the table must read the same rows, every unreferenced file must be listed in the run
-record the killed run left, and a normal run must then succeed, report the files it recovered
-and leave no unreferenced file and no run record. SIGTERM must stop the run cleanly, a second
+record the killed run left or in its tasks' intent files (or be one of those), and a normal run
+must then succeed, report the files it recovered and leave no unreferenced file, no intent file
+and no run record. SIGTERM must stop the run cleanly, a second
 Ctrl-C after the commit landed must not delete what the table now references, and a run must
 back off while another live process holds the table's run record.
 
@@ -32,7 +33,7 @@ from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.table import Table
 
 from compactor.catalogs import embedded_catalog
-from compactor.inflight import RunRecord, read_record, record_paths
+from compactor.inflight import RunRecord, read_record, record_paths, recorded_files
 from compactor.references import table_references
 from compactor.sample import create_events_table
 
@@ -163,10 +164,16 @@ def record_files_present(table: Table) -> list[str]:
     return [p for p in record_paths(table) if local_path(p).exists()]
 
 
-def torn_slots(table: Table) -> list[str]:
-    """Slots of the run record that exist but do not parse."""
+def intent_files_present(table: Table) -> list[str]:
+    return sorted(
+        str(p) for p in local_path(table.metadata.location).glob("metadata/compactor-intent-*")
+    )
+
+
+def torn_slots(table: Table, paths: list[str] | None = None) -> list[str]:
+    """Slots of the run record (or the given files) that exist but do not parse."""
     torn = []
-    for path in record_files_present(table):
+    for path in record_files_present(table) if paths is None else paths:
         try:
             json.loads(local_path(path).read_bytes())
         except ValueError:
@@ -200,8 +207,11 @@ LEAVES_FILES = {"open", "write", "close", "manifest-list", "commit"}
 # (point, n, commit_every): n counts calls of the point's function across the run's threads.
 # Output files: 8 groups x 2 = 16; commits: 1, or 4 with --commit-every 2 (from the second on,
 # a kill leaves earlier commits behind). Record writes: 1 at acquire (tearing it leaves no intact
-# slot), then one per file before it is created: 2 is the first output file, 18 (one commit)
-# the commit's first manifest once every output file is written.
+# slot), then one per metadata file of a commit before it is created: 2 (one commit) is the
+# commit's first manifest once every output file is written, 10 (four commits, 24 record writes)
+# one of a later commit's. Intent writes: one per output file before it is created: 1 is the
+# first output file (tearing the first write of an attempt leaves it no intact slot), 11 one
+# late in the run.
 TRIALS = [
     ("open", 1, 0),
     ("open", 11, 2),
@@ -222,7 +232,8 @@ TRIALS = [
     ("record", 1, 0),
     ("record", 2, 0),
     ("record", 10, 2),
-    ("record", 18, 0),
+    ("intent", 1, 0),
+    ("intent", 11, 2),
 ]
 
 
@@ -248,12 +259,17 @@ def test_killed_run_changes_no_rows_and_next_run_cleans_up(
     assert record is not None, "the killed run left no run record"
     if point == "record":
         assert torn_slots(table), "the hook did not tear a slot of the run record"
+    if point == "intent":
+        assert torn_slots(table, intent_files_present(table)), "no intent file slot was torn"
     if record.run_id != "unknown":  # only when the first write of the record was torn
         assert record.pid == pid
     referenced = table_references(table).all()
-    leftovers = [p for p in record.files if p not in referenced]
-    # A file is recorded before it is created: whatever the killed run left is in its record.
-    untracked = set(unreferenced_files(table)) - {str(local_path(p)) for p in record.files}
+    files, intents = recorded_files(table, record)
+    leftovers = [p for p in files if p not in referenced]
+    # A file is recorded before it is created: whatever the killed run left is in its record
+    # or in its intent files (or is one of those).
+    tracked = {str(local_path(p)) for p in [*files, *intents]}
+    untracked = set(unreferenced_files(table)) - tracked
     assert not untracked, f"files left behind but not in the run record: {sorted(untracked)}"
     if point in LEAVES_FILES:
         assert any(local_path(p).exists() for p in leftovers), "killed run left no files"
@@ -273,6 +289,7 @@ def test_killed_run_changes_no_rows_and_next_run_cleans_up(
     assert_same_rows(before, rows(table))
     assert unreferenced_files(table) == []
     assert record_files_present(table) == []
+    assert intent_files_present(table) == []
     assert not any(local_path(p).exists() for p in leftovers)
     assert_fully_compacted(table)
 
@@ -327,7 +344,11 @@ def test_second_interrupt_after_the_commit_landed_keeps_its_files(tmp_path: Path
     assert len(table.metadata.snapshots) == snapshots + 1
     assert_same_rows(before, rows(table))
     assert_fully_compacted(table)
-    assert unreferenced_files(table) == []
+    # The commit's outcome was in doubt as the run unwound: its record and its tasks' intent
+    # files stay, for the next run to settle; nothing else is unreferenced.
+    assert record_files_present(table)
+    assert intent_files_present(table)
+    assert unreferenced_files(table) == intent_files_present(table)
 
     recovery = compactor(tmp_path, *args)
     assert recovery.returncode == 0, describe(recovery)
@@ -337,6 +358,7 @@ def test_second_interrupt_after_the_commit_landed_keeps_its_files(tmp_path: Path
     assert_same_rows(before, rows(table))
     assert unreferenced_files(table) == []
     assert record_files_present(table) == []
+    assert intent_files_present(table) == []
 
 
 # --- a live run holds the table ---------------------------------------------------------------

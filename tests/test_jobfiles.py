@@ -231,6 +231,16 @@ MALFORMED: dict[str, tuple[str, int | None, tuple[str, ...]]] = {
         7,
         ("compact.min_small_files", "integer"),
     ),
+    "unknown executor": (
+        TABLES + '[compact]\nevery = "5m"\nexecutor = "spark"\n',
+        7,
+        ("compact.executor", "'threads'", "'ray'"),
+    ),
+    "ray address without the ray executor": (
+        TABLES + '[compact]\nevery = "5m"\nray_address = "ray://head:10001"\n',
+        5,
+        ("compact", "ray_address is only used with executor"),
+    ),
     "dotted keys": (
         TABLES + 'compact.every = "5m"\ncompact.cooldown = "soon"\n',
         6,

@@ -7,8 +7,8 @@ same files, each in a fresh process so its peak RSS is its own:
 - the **floor**: plain pyarrow, no Iceberg. ``pyarrow.dataset`` reads the files (threaded) and
   one ``ParquetWriter`` writes them into files rolling at the target size, with the table's
   compression settings and row groups of at most ``write.parquet.row-group-size-bytes``;
-- **compactor**: ``compact()`` on the table, as ``compactor run`` would (plan, rewrite through
-  the Iceberg read path, commit).
+- **compactor**: ``compact()`` on the table, as ``compactor run`` would (plan, rewrite tasks on
+  the default executor through the Iceberg read path, commit).
 """
 
 from __future__ import annotations
@@ -172,8 +172,8 @@ def compactor_phase(
     result = compact(table, identifier, options)
     outputs = [d.file_size_in_bytes for r in result.committed for d in r.data_files]
     return {
-        **usage.result(sum(f.size for r in result.committed for f in r.group.files), outputs),
-        "input_files": sum(len(r.group.files) for r in result.committed),
+        **usage.result(sum(r.input_bytes for r in result.committed), outputs),
+        "input_files": sum(len(g.files) for g in result.committed_groups),
         "groups": len(result.plan.groups),
         "parallelism": options.parallelism,
     }

@@ -1,0 +1,122 @@
+"""The library API over a table you loaded with pyiceberg: plan, compact, expire, sweep.
+
+Options are keyword arguments named as in :func:`compactor.settings.resolve_options`
+(``target_file_size="256MiB"``, ``where="region = 'eu'"``, ``commit_every=4``, ...) or one
+resolved :class:`~compactor.settings.RewriteOptions`; the table's own properties fill in the
+rest, as for the command line. The table's identifier is taken from the table.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from pyiceberg.catalog import Catalog
+from pyiceberg.table import Table
+
+from compactor import compaction, expire, orphans
+from compactor.compaction import Progress, RunResult
+from compactor.durations import parse_cutoff
+from compactor.errors import UsageError
+from compactor.executors import Executor
+from compactor.planner import Plan, plan_rewrite
+from compactor.settings import RewriteOptions, resolve_options
+
+
+def identifier_of(table: Table) -> str:
+    """``namespace.table`` of a table loaded from a catalog."""
+    return ".".join(table.name())
+
+
+def options_for(
+    table: Table, options: RewriteOptions | None, overrides: dict[str, Any]
+) -> RewriteOptions:
+    """``options`` as given, or resolved from ``overrides`` over the table's properties."""
+    if options is None:
+        return resolve_options(identifier_of(table), table.metadata.properties, **overrides)
+    if overrides:
+        raise UsageError(
+            f"give options or option keywords ({', '.join(sorted(overrides))}), not both"
+        )
+    return options
+
+
+def plan(table: Table, options: RewriteOptions | None = None, **option_overrides: Any) -> Plan:
+    """What :func:`compact` would rewrite now: groups, input files and bytes. Writes nothing."""
+    identifier = identifier_of(table)
+    return plan_rewrite(table, identifier, options_for(table, options, option_overrides))
+
+
+def compact(
+    table: Table,
+    options: RewriteOptions | None = None,
+    *,
+    dry_run: bool = False,
+    progress: Progress | None = None,
+    stop: threading.Event | None = None,
+    executor: Executor | None = None,
+    **option_overrides: Any,
+) -> RunResult:
+    """Compact ``table``: rewrite its small files into target-size ones, commit ``replace``.
+
+    Exactly what ``compactor run`` does: one run per table at a time
+    (:class:`~compactor.inflight.LeaseHeldError` when another holds it), partial progress with
+    ``commit_every``, and no file of an uncommitted group left behind. ``executor`` runs the
+    rewrite tasks (default: the one the ``executor`` option names; threads unless told
+    otherwise); setting ``stop`` ends the run early, committing the groups already finished.
+    ``result.to_dict()`` is the ``--json`` output of ``compactor run``.
+    """
+    return compaction.compact(
+        table,
+        identifier_of(table),
+        options_for(table, options, option_overrides),
+        dry_run=dry_run,
+        progress=progress,
+        stop=stop,
+        executor=executor,
+    )
+
+
+def expire_snapshots(
+    table: Table,
+    *,
+    older_than: str | None = None,
+    retain_last: int | None = None,
+    dry_run: bool = False,
+    catalog: Catalog | None = None,
+) -> expire.ExpireResult:
+    """Expire old snapshots, then delete the files only they reached (``compactor expire``).
+
+    ``older_than`` (``"5d"`` or an ISO timestamp) and ``retain_last`` default to the table's
+    ``history.expire.*`` properties; ``catalog`` (default: the table's) is listed so that no
+    other table's files are deleted.
+    """
+    identifier = identifier_of(table)
+    now_ms = int(time.time() * 1000)
+    policy = expire.retention_policy(table, identifier, older_than, retain_last, now_ms)
+    return expire.expire_snapshots(table, identifier, policy, catalog=catalog, dry_run=dry_run)
+
+
+def remove_orphans(
+    table: Table,
+    *,
+    older_than: str = "3d",
+    allow_short_older_than: bool = False,
+    dry_run: bool = False,
+    catalog: Catalog | None = None,
+) -> orphans.OrphanResult:
+    """Delete files under the table's location that nothing references (``compactor orphans``).
+
+    Only files older than ``older_than`` (a duration or an ISO timestamp; at least ``"1d"``
+    unless ``allow_short_older_than``) are deleted.
+    """
+    cutoff = parse_cutoff(older_than, "older_than", int(time.time() * 1000))
+    return orphans.remove_orphans(
+        table,
+        identifier_of(table),
+        cutoff,
+        catalog=catalog,
+        dry_run=dry_run,
+        allow_short_older_than=allow_short_older_than,
+    )
