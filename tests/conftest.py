@@ -57,3 +57,20 @@ import java_reader as java_reader_module  # noqa: E402
 def java_reader() -> java_reader_module.JavaReader:
     """The Java reader, built once per source version (Maven); a failed build errors the test."""
     return java_reader_module.ensure_reader()
+
+
+# A real multi-node Ray cluster on loopback (tests/ray_cluster.py), for the Ray executor's tests.
+from collections.abc import Iterator  # noqa: E402
+from typing import TYPE_CHECKING  # noqa: E402
+
+if TYPE_CHECKING:
+    from ray_cluster import RayCluster
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[RayCluster]:
+    """A head and a worker node, one CPU each, started once; every process stopped at the end."""
+    from ray_cluster import ray_cluster as start_cluster
+
+    with start_cluster(workers=1) as cluster:
+        yield cluster
