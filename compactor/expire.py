@@ -341,10 +341,9 @@ def old_metadata_files(table: Table, *, after_commit: bool = False) -> list[File
     would leave: the current file joins it and the oldest entries beyond
     ``write.metadata.previous-versions-max`` drop out.
     """
-    props = table.metadata.properties
-    enabled = props.get(TableProperties.METADATA_DELETE_AFTER_COMMIT_ENABLED, "false")
-    if enabled.lower() != "true":
+    if not _deletes_metadata_files(table):
         return []
+    props = table.metadata.properties
     log = [(entry.metadata_file, entry.timestamp_ms) for entry in table.metadata.metadata_log]
     if after_commit:
         limit = property_as_int(

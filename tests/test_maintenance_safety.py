@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import json
 import os
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,39 +28,29 @@ from helpers import assert_same_rows, local_path, scan_rows
 from java_reader import assert_java_reads_same
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import SqlCatalog
-from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.table.statistics import PartitionStatisticsFile, StatisticsFile
 from pyiceberg.table.update import AssertTableUUID, SetPartitionStatisticsUpdate
-from pyiceberg.types import LongType, NestedField, StringType
 from test_cli import assert_one_error_line, compactor, embedded
 from test_daemon import Setup, setup  # noqa: F401 (``setup`` is a fixture)
+from test_orphans import (
+    NOW_MS,
+    SCHEMA,
+    age_everything,
+    batch,
+    junk,
+    listing,
+    root,
+    set_mtime,
+)
 
 import compactor.expire as expire_module
-from compactor.durations import DAY_MS
 from compactor.errors import CommitConflictError, ConfigError, UsageError
 from compactor.expire import RetentionPolicy, expire_snapshots
 from compactor.inflight import RunLease
 from compactor.jobfiles import load_job
 from compactor.orphans import orphan_cutoff, remove_orphans
 from compactor.references import table_references
-
-SCHEMA = Schema(
-    NestedField(1, "id", LongType(), required=False),
-    NestedField(2, "v", StringType(), required=False),
-)
-NOW_MS = int(time.time() * 1000)  # the suite's "now": file ages are set relative to it
-OLD_MS = NOW_MS - 10 * DAY_MS  # well past the default three-day grace period
-
-
-# --- building tables and files ---------------------------------------------------------------
-
-
-def batch(start: int, rows: int = 30) -> pa.Table:
-    ids = range(start, start + rows)
-    return pa.table(
-        {"id": pa.array(ids, pa.int64()), "v": pa.array([f"r{i}" for i in ids], pa.string())}
-    )
 
 
 def new_table(
@@ -73,32 +62,6 @@ def new_table(
     for i in range(appends):
         table.append(batch(100 * i))
     return table
-
-
-def root(table: Table) -> Path:
-    return local_path(table.metadata.location)
-
-
-def age(paths: Iterable[Path], ms: int = OLD_MS) -> None:
-    for path in paths:
-        os.utime(path, ns=(ms * 1_000_000, ms * 1_000_000), follow_symlinks=False)
-
-
-def age_everything(directory: Path) -> None:
-    """Make every file under ``directory`` old: only references may protect them now."""
-    age(p for p in directory.rglob("*") if p.is_file())
-
-
-def junk(path: Path, size: int = 100) -> Path:
-    """An old unreferenced file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(b"j" * size)
-    age([path])
-    return path
-
-
-def listing(directory: Path) -> dict[str, int]:
-    return {str(p): p.stat().st_size for p in directory.rglob("*") if p.is_file()}
 
 
 def same_rows(expected: pa.Table, table: Table, snapshot_id: int | None = None) -> None:
@@ -435,7 +398,7 @@ def test_10_a_short_older_than_needs_the_explicit_flag(home: Path) -> None:
     table = new_table(catalog, "db.events", appends=2)
     location = root(table)
     recent = junk(location / "data" / "recent.parquet")
-    age([recent], NOW_MS - 2 * 3_600_000)  # two hours old
+    set_mtime([recent], NOW_MS - 2 * 3_600_000)  # two hours old
     before = listing(location)
 
     for older_than in ("0s", "1h", "23h"):
