@@ -40,19 +40,19 @@ _LAZY = {
     "compact": "compactor.api",
     "expire_snapshots": "compactor.api",
     "remove_orphans": "compactor.api",
-    "RewriteOptions": "compactor.settings",
-    "resolve_options": "compactor.settings",
-    "Plan": "compactor.planner",
+    "RewriteOptions": "compactor.options",
+    "resolve_options": "compactor.options",
+    "Plan": "compactor.planning.planner",
     "RunResult": "compactor.compaction",
-    "RewriteTask": "compactor.tasks",
-    "TaskInput": "compactor.tasks",
-    "TaskResult": "compactor.tasks",
-    "TaskCancelled": "compactor.tasks",
-    "CancelToken": "compactor.tasks",
-    "run_task": "compactor.tasks",
-    "Executor": "compactor.executors",
-    "ThreadExecutor": "compactor.executors",
-    "LeaseHeldError": "compactor.inflight",
+    "RewriteTask": "compactor.planning.tasks",
+    "TaskInput": "compactor.planning.planner",
+    "TaskResult": "compactor.planning.tasks",
+    "TaskCancelled": "compactor.rewrite.task_runner",
+    "CancelToken": "compactor.rewrite.task_runner",
+    "run_task": "compactor.rewrite.task_runner",
+    "Executor": "compactor.execute.executors",
+    "ThreadExecutor": "compactor.execute.executors",
+    "LeaseHeldError": "compactor.commit.inflight",
 }
 
 __all__ = [
@@ -86,19 +86,13 @@ __all__ = [
 
 if TYPE_CHECKING:
     from compactor.api import compact, expire_snapshots, plan, remove_orphans
+    from compactor.commit.inflight import LeaseHeldError
     from compactor.compaction import RunResult
-    from compactor.executors import Executor, ThreadExecutor
-    from compactor.inflight import LeaseHeldError
-    from compactor.planner import Plan
-    from compactor.settings import RewriteOptions, resolve_options
-    from compactor.tasks import (
-        CancelToken,
-        RewriteTask,
-        TaskCancelled,
-        TaskInput,
-        TaskResult,
-        run_task,
-    )
+    from compactor.execute.executors import Executor, ThreadExecutor
+    from compactor.options import RewriteOptions, resolve_options
+    from compactor.planning.planner import Plan, TaskInput
+    from compactor.planning.tasks import RewriteTask, TaskResult
+    from compactor.rewrite.task_runner import CancelToken, TaskCancelled, run_task
 
 
 def __getattr__(name: str) -> Any:

@@ -1,8 +1,8 @@
 """The library API over a table you loaded with pyiceberg: plan, compact, expire, sweep.
 
-Options are keyword arguments named as in :func:`compactor.settings.resolve_options`
+Options are keyword arguments named as in :func:`compactor.options.resolve_options`
 (``target_file_size="256MiB"``, ``where="region = 'eu'"``, ``commit_every=4``, ...) or one
-resolved :class:`~compactor.settings.RewriteOptions`; the table's own properties fill in the
+resolved :class:`~compactor.options.RewriteOptions`; the table's own properties fill in the
 rest, as for the command line. The table's identifier is taken from the table.
 """
 
@@ -15,13 +15,14 @@ from typing import Any
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 
-from compactor import compaction, expire, orphans
+from compactor import compaction
 from compactor.compaction import Progress, RunResult
 from compactor.durations import parse_cutoff
 from compactor.errors import UsageError
-from compactor.executors import Executor
-from compactor.planner import Plan, plan_rewrite
-from compactor.settings import RewriteOptions, resolve_options
+from compactor.execute.executors import Executor
+from compactor.maintain import expire, orphans
+from compactor.options import RewriteOptions, resolve_options
+from compactor.planning.planner import Plan, plan_rewrite
 
 
 def identifier_of(table: Table) -> str:
@@ -61,7 +62,7 @@ def compact(
     """Compact ``table``: rewrite its small files into target-size ones, commit ``replace``.
 
     Exactly what ``compactor run`` does: one run per table at a time
-    (:class:`~compactor.inflight.LeaseHeldError` when another holds it), partial progress with
+    (:class:`~compactor.commit.inflight.LeaseHeldError` when another holds it), partial progress with
     ``commit_every``, and no file of an uncommitted group left behind. ``executor`` runs the
     rewrite tasks (default: the one the ``executor`` option names; threads unless told
     otherwise); setting ``stop`` ends the run early, committing the groups already finished.

@@ -1,9 +1,9 @@
 """One compaction run: lease, plan, tasks, executor, commits — and cleanup, whatever happens.
 
-:func:`compact` composes the pieces: it takes the table's lease (:mod:`compactor.inflight`),
-plans (:mod:`compactor.planner`), turns the plan's groups into
-:class:`~compactor.tasks.RewriteTask` objects, hands them to an executor
-(:mod:`compactor.executors`), and feeds the results, as they arrive, to a
+:func:`compact` composes the pieces: it takes the table's lease (:mod:`compactor.commit.inflight`),
+plans (:mod:`compactor.planning.planner`), turns the plan's groups into
+:class:`~compactor.planning.tasks.RewriteTask` objects, hands them to an executor
+(:mod:`compactor.execute.executors`), and feeds the results, as they arrive, to a
 :class:`CommitManager`. Without partial progress the run is all or nothing: a failed group
 aborts it, and nothing is committed. With ``commit_every`` set, finished groups are committed in
 batches as the run goes, and a failed group fails alone. Either way every file the run's tasks
@@ -23,13 +23,15 @@ from typing import Any, Protocol
 from pyiceberg.table import Table
 
 from compactor import __version__
-from compactor.committer import CommitOutcome, commit_replace
+from compactor.commit.committer import CommitOutcome, commit_replace
+from compactor.commit.inflight import RunLease, remove_run_files
 from compactor.errors import CommitConflictError, CompactorError, first_line
-from compactor.executors import Executor, make_executor
-from compactor.inflight import RunLease, remove_run_files
-from compactor.planner import FileGroup, Plan, plan_rewrite
-from compactor.settings import SNAPSHOT_PROPERTY_TOOL, RewriteOptions
-from compactor.tasks import EventToken, RewriteTask, TaskCancelled, TaskResult, plan_tasks
+from compactor.execute import make_executor
+from compactor.execute.executors import Executor
+from compactor.options import SNAPSHOT_PROPERTY_TOOL, RewriteOptions
+from compactor.planning.planner import FileGroup, Plan, plan_rewrite
+from compactor.planning.tasks import RewriteTask, TaskResult, plan_tasks
+from compactor.rewrite.task_runner import EventToken, TaskCancelled
 
 ERROR, CONFLICT, CANCELLED = "error", "conflict", "cancelled"
 
@@ -245,7 +247,7 @@ def compact(
 
     Groups are rewritten by ``executor`` (default: the one ``options.executor`` names, closed
     at the end; an executor given is the caller's to close). Raises
-    :class:`compactor.inflight.LeaseHeldError` when another live run holds the table. Setting
+    :class:`compactor.commit.inflight.LeaseHeldError` when another live run holds the table. Setting
     ``stop`` ends the run early: no new group starts, running ones are abandoned at the next
     file, finished ones are committed.
     """

@@ -45,9 +45,9 @@ from ray_cluster import ray_cluster
 import compactor.compaction as compaction
 from compactor.bench.tpcds import GENERATOR_FILE, NAMESPACE, generate, load_table
 from compactor.bench.warehouse import open_warehouse
-from compactor.executors import Executor, ThreadExecutor
-from compactor.ray_executor import RayExecutor
-from compactor.settings import resolve_options
+from compactor.execute.executors import Executor, ThreadExecutor
+from compactor.execute.ray_executor import RayExecutor
+from compactor.options import resolve_options
 from compactor.sizes import parse_size
 
 MB = 10**6

@@ -128,16 +128,16 @@ def install(point: str, n: int, signals: list[signal.Signals]) -> _Trigger:
     """Wrap the function of ``point`` so that its ``n``-th call sends ``signals``."""
     from pyiceberg.catalog.sql import SqlCatalog
 
-    import compactor.cli
-    import compactor.daemon
-    from compactor.committer import _Attempt
-    from compactor.inflight import RunLease
-    from compactor.intent import IntentLog
-    from compactor.parquet_output import RollingParquetWriter
+    import compactor.cli.app
+    import compactor.daemon.service
+    from compactor.commit.committer import _Attempt
+    from compactor.commit.inflight import RunLease
+    from compactor.rewrite.intent import IntentLog
+    from compactor.rewrite.parquet_output import RollingParquetWriter
 
     trigger = _Trigger(point, n, signals)
 
-    real_stop_on_signals = compactor.cli.stop_on_signals
+    real_stop_on_signals = compactor.cli.app.stop_on_signals
 
     @contextmanager
     def stop_on_signals() -> Iterator[threading.Event]:
@@ -145,15 +145,15 @@ def install(point: str, n: int, signals: list[signal.Signals]) -> _Trigger:
             trigger.stop_event = stop
             yield stop
 
-    compactor.cli.stop_on_signals = stop_on_signals
+    compactor.cli.app.stop_on_signals = stop_on_signals
 
-    real_daemon_init = compactor.daemon.Daemon.__init__
+    real_daemon_init = compactor.daemon.service.Daemon.__init__
 
-    def daemon_init(self: compactor.daemon.Daemon, *args: Any, **kwargs: Any) -> None:
+    def daemon_init(self: compactor.daemon.service.Daemon, *args: Any, **kwargs: Any) -> None:
         real_daemon_init(self, *args, **kwargs)
         trigger.stop_event = self.stopping  # the daemon drains on this event
 
-    compactor.daemon.Daemon.__init__ = daemon_init  # type: ignore[method-assign]
+    compactor.daemon.service.Daemon.__init__ = daemon_init  # type: ignore[method-assign]
 
     def after(real: Callable[..., Any]) -> Callable[..., Any]:
         def hooked(*args: Any, **kwargs: Any) -> Any:
@@ -265,7 +265,7 @@ def main(argv: list[str]) -> None:
     if n < 1:
         raise SystemExit("crash_runner: N counts from 1")
     install(point, n, signals)
-    from compactor.cli import main as cli_main
+    from compactor.cli.app import main as cli_main
 
     sys.argv = ["compactor", *argv[4:]]
     cli_main()

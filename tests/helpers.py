@@ -55,9 +55,9 @@ from pyiceberg.types import LongType, NestedField, StringType
 
 from compactor import __version__
 from compactor.compaction import RunResult, compact
-from compactor.pyiceberg_compat import manifest_writer
-from compactor.references import table_references
-from compactor.settings import SNAPSHOT_PROPERTY_TOOL, resolve_options
+from compactor.iceberg.pyiceberg_compat import manifest_writer
+from compactor.iceberg.references import table_references
+from compactor.options import SNAPSHOT_PROPERTY_TOOL, resolve_options
 
 # Small targets keep the suite fast; tests override single options where they need to.
 DEFAULT_OPTIONS: dict[str, Any] = {

@@ -46,7 +46,7 @@ from pyiceberg.exceptions import CommitFailedException, ValidationException
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 
-from compactor.sample import events_batch
+from compactor.bench.sample import events_batch
 
 # Appended batches are numbered from here (the test's initial commits use lower numbers).
 FIRST_BATCH = 1000

@@ -22,9 +22,9 @@ from typer.testing import CliRunner
 from compactor.bench import query_benchmark
 from compactor.bench.queries import same_results
 from compactor.bench.tpcds import DEFAULT_QUERIES, NAMESPACE
-from compactor.cli import app
+from compactor.cli.app import app
 from compactor.compaction import RunResult
-from compactor.duckdb_views import load_packaged_extension
+from compactor.iceberg.duckdb_views import load_packaged_extension
 
 pytestmark = pytest.mark.slow  # left out by `make test-quick`
 

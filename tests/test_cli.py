@@ -23,8 +23,8 @@ from pyiceberg.table.snapshots import Operation
 from pyiceberg.utils.config import Config
 
 from compactor import __version__
-from compactor.catalogs import embedded_catalog
-from compactor.sample import REGIONS, create_events_table
+from compactor.bench.sample import REGIONS, create_events_table
+from compactor.iceberg.catalogs import embedded_catalog
 from compactor.sizes import format_size
 
 COMPACTOR = Path(sys.executable).parent / "compactor"

@@ -27,10 +27,10 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation
 
 from compactor import compaction
-from compactor.committer import commit_replace
+from compactor.bench.sample import create_events_table, events_batch
+from compactor.commit.committer import commit_replace
 from compactor.errors import CommitConflictError
-from compactor.sample import create_events_table, events_batch
-from compactor.settings import resolve_options
+from compactor.options import resolve_options
 
 TABLE = "db.events"
 

@@ -23,7 +23,7 @@ from pyiceberg.manifest import DataFile, ManifestEntryStatus
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation
 
-from compactor.sample import create_events_table, events_batch
+from compactor.bench.sample import create_events_table, events_batch
 
 
 def _events(catalog: Catalog, commits: int = 4) -> Table:

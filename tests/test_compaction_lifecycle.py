@@ -20,8 +20,8 @@ from helpers import (
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 
+from compactor.bench.sample import create_events_table
 from compactor.errors import DataFileError
-from compactor.sample import create_events_table
 
 
 def _events(catalog: Catalog, *, format_version: str = "2", commits: int = 5) -> Table:

@@ -44,9 +44,9 @@ from pyiceberg.typedef import Record
 from pyiceberg.types import IntegerType, LongType, NestedField, StringType
 
 import compactor.compaction as compaction
-import compactor.executors as executors
-from compactor.errors import CommitConflictError, CommitStateUnknownError
-from compactor.inflight import (
+import compactor.execute.executors as executors
+from compactor.bench.sample import create_events_table
+from compactor.commit.inflight import (
     LeaseHeldError,
     RunRecord,
     boot_id,
@@ -54,8 +54,9 @@ from compactor.inflight import (
     read_record,
     record_paths,
 )
-from compactor.sample import create_events_table
-from compactor.tasks import RewriteTask, load_table_state
+from compactor.errors import CommitConflictError, CommitStateUnknownError
+from compactor.planning.tasks import RewriteTask
+from compactor.rewrite.task_runner import load_table_state
 
 SCHEMA = Schema(
     NestedField(1, "id", LongType(), required=False),

@@ -32,10 +32,10 @@ from helpers import assert_same_rows, local_path, scan_rows, unreferenced_files
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.table import Table
 
-from compactor.catalogs import embedded_catalog
-from compactor.inflight import RunRecord, read_record, record_paths, recorded_files
-from compactor.references import table_references
-from compactor.sample import create_events_table
+from compactor.bench.sample import create_events_table
+from compactor.commit.inflight import RunRecord, read_record, record_paths, recorded_files
+from compactor.iceberg.catalogs import embedded_catalog
+from compactor.iceberg.references import table_references
 
 pytestmark = pytest.mark.slow  # left out by `make test-quick`
 
@@ -365,8 +365,8 @@ def test_second_interrupt_after_the_commit_landed_keeps_its_files(tmp_path: Path
 
 HOLDER = """
 import sys
-from compactor.catalogs import embedded_catalog
-from compactor.inflight import RunLease
+from compactor.iceberg.catalogs import embedded_catalog
+from compactor.commit.inflight import RunLease
 
 table = embedded_catalog().load_table(sys.argv[1])
 lease = RunLease(table, "holder", ttl_s=600)

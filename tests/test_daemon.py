@@ -29,7 +29,7 @@ from pyiceberg.table.snapshots import Operation
 from test_stress import INITIAL_COMMITS, INITIAL_ROWS, _read_log, _start_writer
 from test_stress import TABLE as WRITER_TABLE
 
-from compactor.sample import create_events_table
+from compactor.bench.sample import create_events_table
 
 pytestmark = pytest.mark.slow  # left out by `make test-quick`
 
@@ -285,7 +285,7 @@ def test_daemon_compacts_beside_a_writer_records_and_reports_it(setup: Setup) ->
 def _batch_ids(batch: int) -> list[int]:
     from stress_writer import DAYS, ROWS_PER_BATCH
 
-    from compactor.sample import events_batch
+    from compactor.bench.sample import events_batch
 
     return events_batch(batch, ROWS_PER_BATCH, DAYS)["event_id"].to_pylist()
 

@@ -25,9 +25,11 @@ from pyiceberg.table.refs import MAIN_BRANCH
 from pyiceberg.types import LongType, NestedField, StringType
 from test_cli import assert_one_error_line, compactor, embedded
 
+from compactor.bench.sample import create_events_table
 from compactor.durations import DAY_MS
 from compactor.errors import ConfigError, UsageError
-from compactor.expire import (
+from compactor.iceberg.references import table_references
+from compactor.maintain.expire import (
     DEFAULT_MAX_SNAPSHOT_AGE_MS,
     MAX_REF_AGE_PROPERTY,
     MAX_SNAPSHOT_AGE_PROPERTY,
@@ -38,9 +40,7 @@ from compactor.expire import (
     expire_snapshots,
     retention_policy,
 )
-from compactor.orphans import remove_orphans
-from compactor.references import table_references
-from compactor.sample import create_events_table
+from compactor.maintain.orphans import remove_orphans
 
 TABLE = "db.t"
 SCHEMA = Schema(

@@ -65,7 +65,7 @@ from pyiceberg.types import (
     UUIDType,
 )
 
-from compactor.sample import EVENTS_SCHEMA, create_events_table, events_batch
+from compactor.bench.sample import EVENTS_SCHEMA, create_events_table, events_batch
 
 
 def _events(catalog: Catalog, *, format_version: str = "2", commits: int = 4) -> Table:

@@ -21,10 +21,10 @@ import pytest
 from test_cli import COMPACTOR, assert_one_error_line, cli_env
 from typer.testing import CliRunner
 
-from compactor.catalogs import compactor_home
-from compactor.cli import app
+from compactor.cli.app import app
+from compactor.daemon.jobfiles import ACTIONS, load_job
 from compactor.errors import ConfigError
-from compactor.jobfiles import ACTIONS, load_job
+from compactor.iceberg.catalogs import compactor_home
 
 REPO_JOBS = Path(__file__).resolve().parent.parent / "jobs"
 EXAMPLES = sorted(REPO_JOBS.glob("*.toml"))
@@ -239,7 +239,7 @@ MALFORMED: dict[str, tuple[str, int | None, tuple[str, ...]]] = {
     "ray address without the ray executor": (
         TABLES + '[compact]\nevery = "5m"\nray_address = "ray://head:10001"\n',
         5,
-        ("compact", "ray_address is only used with executor"),
+        ("compact", "ray_address 'ray://head:10001': is only used with executor 'ray'"),
     ),
     "dotted keys": (
         TABLES + 'compact.every = "5m"\ncompact.cooldown = "soon"\n',

@@ -15,7 +15,8 @@ from helpers import live_data_files, local_path, run_compaction, unreferenced_fi
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 
-from compactor.inflight import (
+from compactor.bench.sample import create_events_table
+from compactor.commit.inflight import (
     LeaseHeldError,
     RunLease,
     RunRecord,
@@ -25,7 +26,6 @@ from compactor.inflight import (
     read_record,
     record_paths,
 )
-from compactor.sample import create_events_table
 
 TABLE = "db.events"
 

@@ -44,13 +44,13 @@ from test_orphans import (
     set_mtime,
 )
 
-import compactor.expire as expire_module
+import compactor.maintain.expire as expire_module
+from compactor.commit.inflight import RunLease
+from compactor.daemon.jobfiles import load_job
 from compactor.errors import CommitConflictError, ConfigError, UsageError
-from compactor.expire import RetentionPolicy, expire_snapshots
-from compactor.inflight import RunLease
-from compactor.jobfiles import load_job
-from compactor.orphans import orphan_cutoff, remove_orphans
-from compactor.references import table_references
+from compactor.iceberg.references import table_references
+from compactor.maintain.expire import RetentionPolicy, expire_snapshots
+from compactor.maintain.orphans import orphan_cutoff, remove_orphans
 
 
 def new_table(

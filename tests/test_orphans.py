@@ -24,10 +24,12 @@ from pyiceberg.table import Table
 from pyiceberg.types import LongType, NestedField, StringType
 from test_cli import assert_one_error_line, compactor, embedded
 
-import compactor.orphans as orphans_module
+import compactor.maintain.orphans as orphans_module
+from compactor.bench.sample import create_events_table
 from compactor.durations import DAY_MS
-from compactor.expire import DeletionReport
-from compactor.orphans import (
+from compactor.iceberg.references import FileRef, table_references
+from compactor.maintain.expire import DeletionReport
+from compactor.maintain.orphans import (
     ORPHAN_DATA,
     ORPHAN_METADATA,
     OrphanResult,
@@ -35,9 +37,7 @@ from compactor.orphans import (
     orphan_cutoff,
     remove_orphans,
 )
-from compactor.references import FileRef, table_references
-from compactor.sample import create_events_table
-from compactor.storage import StoredFile
+from compactor.storage.listing import StoredFile
 
 TABLE = "db.t"
 SCHEMA = Schema(

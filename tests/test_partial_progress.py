@@ -18,8 +18,8 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation
 
-from compactor.sample import create_events_table, events_batch
-from compactor.settings import RewriteOptions
+from compactor.bench.sample import create_events_table, events_batch
+from compactor.options import RewriteOptions
 
 TABLE = "db.events"
 

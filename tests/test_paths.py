@@ -10,7 +10,7 @@ import pytest
 
 from compactor.durations import parse_cutoff
 from compactor.errors import UsageError
-from compactor.paths import UnsafePathError, is_within, location_key
+from compactor.storage.paths import UnsafePathError, is_within, location_key
 
 NOW_MS = 1_790_000_000_000  # a fixed "now": cut-offs are computed from it, never from the clock
 

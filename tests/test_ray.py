@@ -40,9 +40,9 @@ from ray_cluster import free_port, processes_mentioning  # noqa: E402
 from ray_cluster import ray_cluster as start_cluster  # noqa: E402
 from test_s3 import referenced_keys  # noqa: E402
 
+from compactor.bench.sample import create_events_table  # noqa: E402
 from compactor.errors import CompactorError, UsageError  # noqa: E402
-from compactor.planner import plan_rewrite  # noqa: E402
-from compactor.ray_executor import (  # noqa: E402
+from compactor.execute.ray_executor import (  # noqa: E402
     DECODE_FACTOR,
     MEMORY_BASE,
     MEMORY_FLOOR,
@@ -51,9 +51,10 @@ from compactor.ray_executor import (  # noqa: E402
     RayExecutor,
     task_memory,
 )
-from compactor.sample import create_events_table  # noqa: E402
-from compactor.settings import resolve_options  # noqa: E402
-from compactor.tasks import EventToken, TaskCancelled, TaskResult, plan_tasks  # noqa: E402
+from compactor.options import resolve_options  # noqa: E402
+from compactor.planning.planner import plan_rewrite  # noqa: E402
+from compactor.planning.tasks import TaskResult, plan_tasks  # noqa: E402
+from compactor.rewrite.task_runner import EventToken, TaskCancelled  # noqa: E402
 
 if TYPE_CHECKING:
     from ray_cluster import RayCluster
@@ -479,7 +480,7 @@ def unused_port() -> int:
 CONNECT_SCRIPT = """
 import json, os, signal, sys
 import ray
-from compactor.ray_executor import RayExecutor
+from compactor.execute.ray_executor import RayExecutor
 
 def mine(signum, frame):
     pass

@@ -29,14 +29,14 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation
 from pyiceberg.utils.config import Config
 
-from compactor import deleter
+from compactor.bench.sample import REGIONS, create_events_table, events_batch
+from compactor.commit.inflight import RunRecord, boot_id, pid_namespace, read_record, record_paths
 from compactor.compaction import RunResult, compact
-from compactor.expire import expire_snapshots, retention_policy
-from compactor.inflight import RunRecord, boot_id, pid_namespace, read_record, record_paths
-from compactor.orphans import remove_orphans
-from compactor.references import table_references
-from compactor.sample import REGIONS, create_events_table, events_batch
-from compactor.settings import resolve_options
+from compactor.iceberg.references import table_references
+from compactor.maintain.expire import expire_snapshots, retention_policy
+from compactor.maintain.orphans import remove_orphans
+from compactor.options import resolve_options
+from compactor.storage import deleter
 
 if TYPE_CHECKING:
     from s3_server import S3Bucket, S3Request
@@ -140,7 +140,7 @@ class DeleteCalls:
 
 
 def watch_deletes(monkeypatch: pytest.MonkeyPatch) -> DeleteCalls:
-    """Hook botocore's events on every client compactor.deleter creates from now on."""
+    """Hook botocore's events on every client compactor.storage.deleter creates from now on."""
     calls = DeleteCalls()
     make_client = deleter._s3_client
 

@@ -1,6 +1,6 @@
 """The daemon's decisions: which run starts next, when a table rests, and when a table is due.
 
-:class:`~compactor.scheduling.RunPolicy` runs on a fake clock that only moves when a test moves
+:class:`~compactor.daemon.scheduling.RunPolicy` runs on a fake clock that only moves when a test moves
 it, so cool-downs and back-offs are checked to the second without waiting. Fragmentation is
 scored on real tables of a SQLite catalog, and what the scanner reads is counted independently
 of the scanner's own bookkeeping.
@@ -27,12 +27,9 @@ from pyiceberg.table import Table
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import LongType, NestedField, StringType
 
-from compactor.fragmentation import MANIFESTS, SUMMARY, Fragmentation, FragmentationScanner
-from compactor.fragmentation import due_reasons as fragmentation_due_reasons
-from compactor.health import table_health
-from compactor.history import History
-from compactor.jobfiles import CompactAction
-from compactor.scheduling import (
+from compactor.daemon.history import History
+from compactor.daemon.jobfiles import CompactAction
+from compactor.daemon.scheduling import (
     CANCELLED,
     CONFLICT,
     FAILED,
@@ -44,7 +41,10 @@ from compactor.scheduling import (
     Request,
     RunPolicy,
 )
-from compactor.settings import MIN_FILE_SIZE_RATIO
+from compactor.options import MIN_FILE_SIZE_RATIO
+from compactor.planning.fragmentation import MANIFESTS, SUMMARY, Fragmentation, FragmentationScanner
+from compactor.planning.fragmentation import due_reasons as fragmentation_due_reasons
+from compactor.planning.health import table_health
 
 MiB = 1 << 20
 INITIAL, MAXIMUM = 60.0, 600.0  # back-off bounds of every policy below, in seconds

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from compactor import settings
+from compactor import options as settings
 
 
 @pytest.mark.parametrize(

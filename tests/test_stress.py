@@ -32,11 +32,11 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 from stress_writer import DAYS, FIRST_BATCH, ROWS_PER_BATCH
 
+from compactor.bench.sample import create_events_table, events_batch
+from compactor.commit.inflight import read_record
 from compactor.compaction import RunResult, compact
 from compactor.errors import CommitConflictError
-from compactor.inflight import read_record
-from compactor.sample import create_events_table, events_batch
-from compactor.settings import resolve_options
+from compactor.options import resolve_options
 
 pytestmark = pytest.mark.slow  # left out by `make test-quick`
 

@@ -58,12 +58,14 @@ from pyiceberg.types import (
 )
 
 import compactor
-from compactor.codec import DATA_FILE_STRUCT, decode_partition, encode_partition
-from compactor.executors import ThreadExecutor, make_executor
-from compactor.inflight import RunRecord, boot_id, pid_namespace, record_paths
-from compactor.intent import listed_files
-from compactor.sample import create_events_table
-from compactor.tasks import RewriteTask, TaskCancelled, TaskResult, plan_tasks, run_task
+from compactor.bench.sample import create_events_table
+from compactor.commit.inflight import RunRecord, boot_id, pid_namespace, record_paths
+from compactor.execute import make_executor
+from compactor.execute.executors import ThreadExecutor
+from compactor.iceberg.codec import DATA_FILE_STRUCT, decode_partition, encode_partition
+from compactor.planning.tasks import RewriteTask, TaskResult, plan_tasks
+from compactor.rewrite.intent import listed_files
+from compactor.rewrite.task_runner import TaskCancelled, run_task
 
 README = Path(__file__).parent.parent / "README.md"
 SMALL = {"target_file_size": "1MiB", "allow_small_target": True, "min_input_files": 2}
@@ -221,7 +223,7 @@ def test_a_task_json_from_another_version_is_refused() -> None:
 def test_the_ray_executor_without_the_ray_extra_is_a_one_line_usage_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setitem(sys.modules, "compactor.ray_executor", None)  # as if not installed
+    monkeypatch.setitem(sys.modules, "compactor.execute.ray_executor", None)  # as if not installed
     options = compactor.resolve_options("db.t", {}, executor="ray")
 
     with pytest.raises(compactor.UsageError, match=r"pip install 'compactor\[ray\]'") as raised:
@@ -236,7 +238,8 @@ def test_the_ray_executor_without_the_ray_extra_is_a_one_line_usage_error(
 WORKER = """
 import sys
 from pathlib import Path
-from compactor.tasks import RewriteTask, run_task
+from compactor.planning.tasks import RewriteTask
+from compactor.rewrite.task_runner import run_task
 
 task = RewriteTask.from_json(Path(sys.argv[1]).read_text())
 Path(sys.argv[2]).write_text(run_task(task).to_json())
@@ -314,8 +317,9 @@ def test_a_task_run_from_json_in_a_fresh_process_commits_what_the_in_process_pat
 KILLED_WORKER = """
 import os, signal, sys
 from pathlib import Path
-from compactor.parquet_output import RollingParquetWriter
-from compactor.tasks import RewriteTask, run_task
+from compactor.rewrite.parquet_output import RollingParquetWriter
+from compactor.planning.tasks import RewriteTask
+from compactor.rewrite.task_runner import run_task
 
 real, opened = RollingParquetWriter._open_file, []
 

@@ -28,9 +28,9 @@ from compactor.bench.tpcds import (
 )
 from compactor.bench.warehouse import Warehouse
 from compactor.compaction import RunResult, compact
-from compactor.duckdb_views import create_view
-from compactor.planner import Plan
-from compactor.settings import resolve_options
+from compactor.iceberg.duckdb_views import create_view
+from compactor.options import resolve_options
+from compactor.planning.planner import Plan
 
 MB = 10**6
 

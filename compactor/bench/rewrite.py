@@ -31,9 +31,9 @@ import pyarrow.parquet as pq
 from compactor.bench.progress import Steps
 from compactor.bench.tpcds import GENERATOR_FILE, NAMESPACE, generate, load_table
 from compactor.bench.warehouse import Warehouse
-from compactor.duckdb_views import snapshot_files
-from compactor.pyiceberg_compat import parquet_writer_kwargs
-from compactor.settings import resolve_options
+from compactor.iceberg.duckdb_views import snapshot_files
+from compactor.iceberg.pyiceberg_compat import parquet_writer_kwargs
+from compactor.options import resolve_options
 
 MB = 10**6
 TABLE = "store_sales"

@@ -25,8 +25,8 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NamespaceAlreadyExistsError
 from pyiceberg.table import Table
 
-from compactor.duckdb_views import load_packaged_extension
 from compactor.errors import UsageError
+from compactor.iceberg.duckdb_views import load_packaged_extension
 
 # The eight I/O-heavy queries of the Amazon S3 Tables compaction study.
 DEFAULT_QUERIES = (25, 31, 49, 76, 77, 80, 88, 96)

@@ -17,8 +17,8 @@ from pyarrow.fs import S3FileSystem
 from pyiceberg.catalog.sql import SqlCatalog
 
 from compactor.bench.s3_local import RequestCounter, local_s3
-from compactor.duckdb_views import configure_s3
 from compactor.errors import ConfigError, UsageError
+from compactor.iceberg.duckdb_views import configure_s3
 
 CATALOG_NAME = "bench"
 DEFAULT_BUCKET = "compactor-bench"

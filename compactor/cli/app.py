@@ -1,0 +1,790 @@
+"""The ``compactor`` command line."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+from rich.table import Table as RichTable
+
+from compactor import __version__
+from compactor.cli.bench import bench_app
+from compactor.cli.output import err, guarded, out, state
+from compactor.errors import CompactorError, ConfigError
+from compactor.options import (
+    DEFAULT_COMMIT_EVERY,
+    DEFAULT_DELETE_FILE_THRESHOLD,
+    DEFAULT_EXECUTOR,
+    DEFAULT_MAX_COMMITS,
+    DEFAULT_MIN_INPUT_FILES,
+    resolve_options,
+)
+from compactor.sizes import format_size
+
+if TYPE_CHECKING:
+    from pyiceberg.table import Table
+
+    from compactor.compaction import RunResult
+    from compactor.daemon.config import DaemonConfig
+    from compactor.daemon.jobfiles import Job
+    from compactor.planning.health import TableHealth
+    from compactor.planning.planner import Plan
+
+# pyiceberg, and every module built on it, is imported inside the commands, after
+# check_pyiceberg_config(): pyiceberg reads ~/.pyiceberg.yaml on import, and a broken file must
+# fail as one error line, not a traceback. --help and --version stay quick too.
+
+app = typer.Typer(
+    help="Keep Apache Iceberg tables fast: compact small files into large ones.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+app.add_typer(bench_app, name="bench")
+
+CatalogOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--catalog",
+        "-c",
+        help="Catalog name from ~/.pyiceberg.yaml or PYICEBERG_CATALOG__<NAME>__* variables. "
+        "Default: pyiceberg's default catalog if configured, else the embedded SQLite catalog "
+        "in $COMPACTOR_HOME (~/.local/share/compactor).",
+    ),
+]
+TableOpt = Annotated[
+    str, typer.Option("--table", "-t", help="Table to work on, as NAMESPACE.TABLE.")
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document instead of tables.")]
+
+
+def _open_table(catalog: str | None, table: str) -> Table:
+    from compactor.iceberg.catalogs import open_catalog, open_table
+
+    return open_table(open_catalog(catalog), table)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        out.print(f"compactor {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main(
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Show debug logs and full tracebacks.")
+    ] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_print_version,
+            is_eager=True,  # before click asks for the missing command
+            help="Print the version and exit.",
+        ),
+    ] = False,
+) -> None:
+    state["verbose"] = verbose
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+
+
+class _Bar:
+    """Progress bar over input bytes, on a terminal only."""
+
+    def __init__(self) -> None:
+        self._progress = Progress(
+            "[progress.description]{task.description}",
+            BarColumn(),
+            DownloadColumn(binary_units=True),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+            console=err,
+            transient=True,
+        )
+        self._task: Any = None
+
+    def start(self, plan: Plan) -> None:
+        self._progress.start()
+        self._task = self._progress.add_task(
+            f"rewriting {len(plan.groups)} groups", total=plan.input_bytes
+        )
+
+    def advance(self, input_bytes: int) -> None:
+        self._progress.advance(self._task, input_bytes)
+
+    def stop(self) -> None:
+        self._progress.stop()
+
+
+def _print_plan(plan: Plan) -> None:
+    table = RichTable(title=f"plan for {plan.table} (snapshot {plan.snapshot_id})")
+    for column in (
+        "group",
+        "partition",
+        "input files",
+        "input bytes",
+        "deletes",
+        "expected outputs",
+    ):
+        if column == "partition":
+            table.add_column(column, overflow="fold")
+        else:
+            table.add_column(column, justify="right")
+    for g in plan.groups:
+        s = g.summary()
+        table.add_row(
+            str(s["group_id"]),
+            s["partition"],
+            str(s["input_files"]),
+            format_size(s["input_bytes"]),
+            str(s["delete_files"]),
+            str(s["expected_output_files"]),
+        )
+    if plan.groups:
+        out.print(table)
+    skipped = ", ".join(f"{k}={v}" for k, v in sorted(plan.skipped.items())) or "none"
+    out.print(
+        f"{plan.input_files} files ({format_size(plan.input_bytes)}) in {len(plan.groups)} groups "
+        f"from {plan.data_files_scanned} data files scanned; target {format_size(plan.options.target_file_size)}; "
+        f"skipped: {skipped}"
+    )
+
+
+def _print_result(result: RunResult) -> None:
+    data = result.to_dict()
+    if result.stopped:
+        out.print(f"{result.table}: stopped by signal; finished groups were committed")
+    if data["recovered_files"]:
+        out.print(f"{result.table}: removed {data['recovered_files']} files of an abandoned run")
+    if data["snapshot_id"] is None:
+        out.print(f"{result.table}: nothing compacted (no snapshot committed)")
+        for failed in data["failed_groups"]:
+            out.print(f"  group {failed['group_id']} {failed['kind']}: {failed['reason']}")
+        return
+    avg = data["added_bytes"] / data["added_files"] if data["added_files"] else 0
+    snapshots = ", ".join(str(i) for i in data["snapshot_ids"])
+    out.print(
+        f"{result.table}: committed replace snapshot {snapshots}: "
+        f"{data['rewritten_files']} files ({format_size(data['rewritten_bytes'])}) -> "
+        f"{data['added_files']} files ({format_size(data['added_bytes'])}, avg {format_size(avg)}) "
+        f"in {data['duration_s']:.1f}s"
+    )
+    for failed in data["failed_groups"]:
+        out.print(
+            f"  group {failed['group_id']} not committed ({failed['kind']}): {failed['reason']}"
+        )
+
+
+@contextmanager
+def stop_on_signals() -> Iterator[threading.Event]:
+    """An event set by SIGTERM or SIGINT while the block runs (a second SIGINT interrupts)."""
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        if signum == signal.SIGINT and stop.is_set():
+            raise KeyboardInterrupt
+        err.print(
+            f"{signal.Signals(signum).name}: stopping after the current files; committing finished groups"
+        )
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield stop
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@app.command()
+def run(
+    table: TableOpt,
+    catalog: CatalogOpt = None,
+    target_file_size: Annotated[
+        str | None,
+        typer.Option(
+            help="Output file size: 128MB, 512MiB or bytes, 64MB..512MiB. "
+            "Default: the table's write.target-file-size-bytes, else 512MiB."
+        ),
+    ] = None,
+    allow_small_target: Annotated[
+        bool, typer.Option(help="Allow --target-file-size below 64MB (for tests and experiments).")
+    ] = False,
+    min_input_files: Annotated[
+        int,
+        typer.Option(
+            help="Rewrite a group only with at least this many files (or a target's worth of bytes)."
+        ),
+    ] = DEFAULT_MIN_INPUT_FILES,
+    delete_file_threshold: Annotated[
+        int,
+        typer.Option(help="Rewrite any data file with at least this many position delete files."),
+    ] = DEFAULT_DELETE_FILE_THRESHOLD,
+    max_group_size: Annotated[
+        str | None, typer.Option(help="Largest amount of input in one group (default 100GiB).")
+    ] = None,
+    where: Annotated[
+        str | None,
+        typer.Option(
+            help="Only touch files that may hold rows matching this filter, e.g. \"day >= '2026-01-01'\"."
+        ),
+    ] = None,
+    parallelism: Annotated[
+        int | None,
+        typer.Option(
+            help="Groups rewritten at once (default: one per core of this process; with "
+            "--executor ray, as many as the cluster schedules)."
+        ),
+    ] = None,
+    commit_every: Annotated[
+        int,
+        typer.Option(
+            help="Partial progress: commit every N finished groups, so finished work survives "
+            "a later failure and a failed group fails alone. 0 = one all-or-nothing commit."
+        ),
+    ] = DEFAULT_COMMIT_EVERY,
+    max_commits: Annotated[
+        int, typer.Option(help="With --commit-every: at most this many commits in one run.")
+    ] = DEFAULT_MAX_COMMITS,
+    executor: Annotated[
+        str,
+        typer.Option(
+            help="Where groups are rewritten: 'threads' (in this process, --parallelism at once) "
+            "or 'ray' (tasks on a Ray cluster; needs pip install 'compactor[ray]')."
+        ),
+    ] = DEFAULT_EXECUTOR,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            help="With --executor ray: the cluster to connect to (e.g. ray://head:10001 or "
+            "auto). Default: Ray's own (RAY_ADDRESS, else a local Ray)."
+        ),
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the plan; write and commit nothing.")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Compact small files of one table into target-size files, as one `replace` snapshot.
+
+    Example: compactor run --table db.events --target-file-size 256MB --where "region = 'eu'"
+
+    Safe beside live writers: concurrent appends never conflict; a group whose input was
+    changed meanwhile is left out. SIGTERM or Ctrl-C stops cleanly: no new group starts, running
+    ones are abandoned, finished ones are committed, exit 0. If another compactor run holds the
+    table, this one backs off and exits 0. Exit 1 when a group failed.
+    """
+
+    def go() -> None:
+        from compactor.commit.inflight import LeaseHeldError
+        from compactor.compaction import compact
+
+        tbl = _open_table(catalog, table)
+        options = resolve_options(
+            table,
+            tbl.metadata.properties,
+            target_file_size=target_file_size,
+            allow_small_target=allow_small_target,
+            min_input_files=min_input_files,
+            delete_file_threshold=delete_file_threshold,
+            max_group_size=max_group_size,
+            parallelism=parallelism,
+            where=where,
+            commit_every=commit_every,
+            max_commits=max_commits,
+            executor=executor,
+            ray_address=ray_address,
+        )
+        bar = _Bar() if (not as_json and sys.stderr.isatty()) else None
+        try:
+            with stop_on_signals() as stop:
+                result = compact(tbl, table, options, dry_run=dry_run, progress=bar, stop=stop)
+        except LeaseHeldError as exc:
+            if as_json:
+                print(json.dumps({"table": table, "snapshot_id": None, "backed_off": str(exc)}))
+            else:
+                err.print(str(exc), markup=False, highlight=False)
+            return
+        finally:
+            if bar:
+                bar.stop()
+        if as_json:
+            print(json.dumps(result.to_dict(), indent=2))
+        elif dry_run:
+            _print_plan(result.plan)
+        else:
+            _print_result(result)
+        if result.errors:
+            first = result.errors[0]
+            raise CompactorError(
+                f"table {table}: {len(result.errors)} groups failed (committed groups stay "
+                f"committed); group {first.group_id}: {first.reason}"
+            )
+
+    guarded(go)
+
+
+def _print_health(health: TableHealth) -> None:
+    data = health.to_dict()
+    table = RichTable(
+        title=f"{health.table} (snapshot {health.snapshot_id}, {health.snapshots} snapshots)"
+    )
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    table.add_row("data files", str(health.data_files))
+    table.add_row("data bytes", format_size(health.data_bytes))
+    table.add_row("records", str(health.records))
+    table.add_row("average file size", format_size(health.average_file_size))
+    table.add_row(
+        f"small files (< 75% of {format_size(health.target_file_size)})", str(health.small_files)
+    )
+    table.add_row("position delete files", str(health.position_delete_files))
+    table.add_row("equality delete files", str(health.equality_delete_files))
+    table.add_row("partitions", str(len(health.partitions)))
+    out.print(table)
+    if data["worst_partitions"]:
+        parts = RichTable(title="partitions with the most small files")
+        for column in ("partition", "files", "small", "bytes"):
+            if column == "partition":
+                parts.add_column(column, overflow="fold")
+            else:
+                parts.add_column(column, justify="right")
+        for p in data["worst_partitions"]:
+            parts.add_row(
+                p["partition"],
+                str(p["data_files"]),
+                str(p["small_files"]),
+                format_size(p["data_bytes"]),
+            )
+        out.print(parts)
+
+
+@app.command()
+def inspect(
+    table: TableOpt,
+    catalog: CatalogOpt = None,
+    target_file_size: Annotated[
+        str | None,
+        typer.Option(help="Size below 75% of which a file counts as small (default as for `run`)."),
+    ] = None,
+    allow_small_target: Annotated[bool, typer.Option(help="Allow a target below 64MB.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Show a table's files: count, bytes, average size, small files, delete files, worst partitions."""
+
+    def go() -> None:
+        from compactor.planning.health import table_health
+
+        tbl = _open_table(catalog, table)
+        options = resolve_options(
+            table,
+            tbl.metadata.properties,
+            target_file_size=target_file_size,
+            allow_small_target=allow_small_target,
+        )
+        health = table_health(tbl, table, options.target_file_size)
+        if as_json:
+            print(json.dumps(health.to_dict(), indent=2))
+        else:
+            _print_health(health)
+
+    guarded(go)
+
+
+def _report_deletions(title: str, data: dict[str, Any], dry_run: bool) -> None:
+    """Print what was (or would be) deleted by kind; fail when some files could not be."""
+    verb = "would delete" if dry_run else "deleted"
+    table = RichTable(title=title)
+    for column in ("kind", "files", "bytes"):
+        table.add_column(column, justify="left" if column == "kind" else "right")
+    for kind, counts in data["deleted"].items():
+        table.add_row(kind.replace("_", " "), str(counts["files"]), format_size(counts["bytes"]))
+    if data["deleted"]:
+        out.print(table)
+    out.print(
+        f"{data['table']}: {verb} {data['files_deleted']} files ({format_size(data['bytes_deleted'])})"
+        + (
+            f"; refused {data['refused_outside_table_location']} outside the table location"
+            if data["refused_outside_table_location"]
+            else ""
+        )
+        + (
+            f"; refused {data['refused_other_table_locations']} under other tables' locations"
+            if data["refused_other_table_locations"]
+            else ""
+        )
+        + (f"; {len(data['failed'])} could not be deleted" if data["failed"] else "")
+    )
+    if data["failed"]:
+        raise CompactorError(
+            f"table {data['table']}: could not delete {data['failed'][0]} and others"
+        )
+
+
+@app.command()
+def expire(
+    table: TableOpt,
+    catalog: CatalogOpt = None,
+    older_than: Annotated[
+        str | None,
+        typer.Option(
+            help="Expire snapshots older than this: a duration (12h, 5d, 2w) or an ISO timestamp. "
+            "Default: the table's history.expire.max-snapshot-age-ms, else 5d."
+        ),
+    ] = None,
+    retain_last: Annotated[
+        int | None,
+        typer.Option(
+            help="Keep at least this many snapshots of each branch. "
+            "Default: the table's history.expire.min-snapshots-to-keep, else 1."
+        ),
+    ] = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="Show what would be expired and deleted; change nothing."),
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Expire old snapshots, then delete the files only expired snapshots could reach.
+
+    Branches and tags keep their snapshots (and their own retention properties); the current
+    snapshot is never expired; nothing outside the table's location, or under another table's
+    location, is deleted. Old metadata.json files go too when
+    write.metadata.delete-after-commit.enabled is true. Tables with gc.enabled=false, or sharing
+    their location with another table of the catalog, are refused (exit 2).
+
+    Example: compactor expire --table db.events --older-than 2d --retain-last 10 --dry-run
+    """
+
+    def go() -> None:
+        import time
+
+        from compactor.iceberg.catalogs import open_catalog, open_table
+        from compactor.maintain.expire import expire_snapshots, retention_policy
+
+        cat = open_catalog(catalog)
+        tbl = open_table(cat, table)
+        policy = retention_policy(tbl, table, older_than, retain_last, int(time.time() * 1000))
+        data = expire_snapshots(tbl, table, policy, catalog=cat, dry_run=dry_run).to_dict()
+        if as_json:
+            print(json.dumps(data, indent=2))
+            return
+        verb = "would expire" if dry_run else "expired"
+        out.print(
+            f"{table}: {verb} {data['snapshots_expired']} snapshots, kept {data['snapshots_retained']}"
+            + (f"; removed refs {', '.join(data['refs_removed'])}" if data["refs_removed"] else "")
+        )
+        _report_deletions(f"files only expired snapshots reached ({table})", data, dry_run)
+
+    guarded(go)
+
+
+@app.command()
+def orphans(
+    table: TableOpt,
+    catalog: CatalogOpt = None,
+    older_than: Annotated[
+        str | None,
+        typer.Option(
+            help="Only delete files older than this (a duration or an ISO timestamp), so files "
+            "of commits in flight are safe. Default: 3d; at least 1d unless "
+            "--allow-short-older-than."
+        ),
+    ] = None,
+    allow_short_older_than: Annotated[
+        bool,
+        typer.Option(
+            help="Allow --older-than below 1d (for tests and experiments): files of commits and "
+            "compaction runs in flight could be deleted."
+        ),
+    ] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="List the orphan files; delete nothing.")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Delete files under the table's location that no metadata of the table references.
+
+    Symlinks, odd locations, anything outside the table's location or under another table's
+    location, and every file a compaction run record lists are kept. Tables with
+    gc.enabled=false, at the warehouse root or sharing their location with another table of
+    the catalog are refused (exit 2).
+
+    Example: compactor orphans --table db.events --dry-run
+    """
+
+    def go() -> None:
+        import time
+
+        from compactor.iceberg.catalogs import open_catalog, open_table
+        from compactor.maintain.orphans import orphan_cutoff, remove_orphans
+
+        cat = open_catalog(catalog)
+        tbl = open_table(cat, table)
+        allow = allow_short_older_than
+        cutoff = orphan_cutoff(older_than, int(time.time() * 1000), allow_short=allow)
+        result = remove_orphans(
+            tbl, table, cutoff, catalog=cat, dry_run=dry_run, allow_short_older_than=allow
+        )
+        data = result.to_dict()
+        if as_json:
+            print(json.dumps(data, indent=2))
+            return
+        others = sum(data["skipped_other_tables"].values())
+        out.print(
+            f"{table}: listed {data['listed_files']} files; {data['orphan_files']} orphans; "
+            f"{data['skipped_too_young']} unreferenced but too young; "
+            f"{data['skipped_in_run_record']} kept for a compaction run record; "
+            f"{others} under other tables' locations; {len(data['refused'])} refused"
+        )
+        for location in data["orphans"]:
+            out.print(f"  {location}", markup=False, highlight=False)
+        _report_deletions(f"orphan files ({table})", data, dry_run)
+
+    guarded(go)
+
+
+@app.command()
+def demo(
+    commits: Annotated[
+        int, typer.Option(help="Small commits to write into the sample table.")
+    ] = 200,
+    rows_per_commit: Annotated[int, typer.Option(help="Rows in each commit.")] = 2500,
+) -> None:
+    """Build a fragmented sample table (demo.events) in the embedded catalog, compact it, show the gain.
+
+    Uses $COMPACTOR_HOME (default ~/.local/share/compactor); `make demo` points it at .compactor-demo/.
+    """
+
+    def on_error(message: str) -> None:
+        raise CompactorError(message)
+
+    def go() -> None:
+        from compactor.cli.demo import run_demo
+
+        run_demo(out, commits=commits, rows_per_commit=rows_per_commit, on_error=on_error)
+
+    guarded(go)
+
+
+ConfigFileOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        help="The daemon's settings file. Default: ./compactor.toml if it exists, else defaults "
+        "(job files in ./jobs, state in $COMPACTOR_HOME/daemon.db).",
+    ),
+]
+
+
+def _load_daemon_setup(config: Path | None) -> tuple[DaemonConfig, list[Job]]:
+    from compactor.daemon.config import load_daemon_config
+    from compactor.daemon.jobfiles import load_jobs
+
+    settings = load_daemon_config(config)
+    return settings, load_jobs(settings.jobs_dir)
+
+
+@app.command()
+def daemon(config: ConfigFileOpt = None) -> None:
+    """Run continuously: compact, expire and sweep the tables of the job files on their schedules.
+
+    Serves /metrics (Prometheus) and /healthz on 127.0.0.1:9464 unless `listen` says otherwise,
+    logs one JSON object a line when stderr is not a terminal, and keeps its run history in the
+    state file that `compactor status` reads. SIGTERM or Ctrl-C drains: no new run starts,
+    running ones commit their finished groups, and the process exits 0.
+
+    Example: compactor daemon --config /etc/compactor/compactor.toml
+    """
+
+    def go() -> None:
+        from compactor.daemon.logs import configure_logging
+        from compactor.daemon.service import Daemon
+
+        settings, jobs = _load_daemon_setup(config)
+        configure_logging(settings.section.log_format, state["verbose"])
+        service = Daemon(settings, jobs)
+        # Signals wait in the main thread (sigwait), blocked everywhere else: a signal the
+        # kernel would hand to a worker thread can then never go unnoticed.
+        signals = {signal.SIGTERM, signal.SIGINT}
+        signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+        try:
+            service.start()
+        except OSError as exc:
+            raise CompactorError(f"daemon: {exc}") from exc
+        received = signal.sigwait(signals)
+        logging.getLogger("compactor.daemon.service").info(
+            "signal received", extra={"event": "signal", "signal": signal.Signals(received).name}
+        )
+        service.drain()
+
+    guarded(go)
+
+
+jobs_app = typer.Typer(help="Inspect and check the daemon's job files.", no_args_is_help=True)
+app.add_typer(jobs_app, name="jobs")
+
+
+@jobs_app.command("validate")
+def jobs_validate(
+    files: Annotated[
+        list[Path] | None,
+        typer.Argument(
+            help="Job files to check. Default: every *.toml of the daemon's job directory."
+        ),
+    ] = None,
+    config: ConfigFileOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Check job files without starting the daemon; the first problem is reported as FILE:LINE.
+
+    Example: compactor jobs validate jobs/*.toml
+    """
+
+    def go() -> None:
+        from compactor.daemon.jobfiles import load_job
+
+        jobs = [load_job(path) for path in files] if files else _load_daemon_setup(config)[1]
+        summary = [
+            {
+                "file": str(job.path),
+                "description": job.spec.description,
+                "catalog": job.spec.catalog,
+                "tables": job.spec.tables,
+                "exclude": job.spec.exclude,
+                "actions": {name: s.describe() for name, s in job.spec.actions().items()},
+            }
+            for job in jobs
+        ]
+        if as_json:
+            print(json.dumps({"valid": True, "jobs": summary}, indent=2))
+            return
+        for job in summary:
+            actions = "; ".join(f"{name} {when}" for name, when in job["actions"].items())
+            excluded = f" except {', '.join(job['exclude'])}" if job["exclude"] else ""
+            out.print(
+                f"{job['file']}: ok: {', '.join(job['tables'])}{excluded}: {actions}",
+                markup=False,
+                highlight=False,
+            )
+
+    guarded(go)
+
+
+def _when(at: float | None) -> str:
+    from compactor.durations import format_time
+
+    return format_time(int(at * 1000)) if at else "-"
+
+
+@app.command()
+def status(config: ConfigFileOpt = None, as_json: JsonOpt = False) -> None:
+    """Show what the daemon knows: per-table fragmentation, last runs, next planned runs.
+
+    Reads the daemon's state file, so it works while the daemon runs (or after it stopped).
+    """
+
+    def go() -> None:
+        import time
+
+        from compactor.daemon.config import load_daemon_config
+        from compactor.daemon.jobfiles import load_jobs
+        from compactor.daemon.status import daemon_status
+
+        settings = load_daemon_config(config)
+        if not settings.state_path.exists():
+            raise ConfigError(
+                f"state file {settings.state_path}: does not exist (has the daemon run with this "
+                "--config?)"
+            )
+        jobs = load_jobs(settings.jobs_dir) if settings.jobs_dir.is_dir() else []
+        data = daemon_status(settings, jobs, time.time())
+        if as_json:
+            print(json.dumps(data, indent=2))
+            return
+        tables = RichTable(title=f"tables ({data['state_file']})")
+        for column in (
+            "table",
+            "job",
+            "small files",
+            "delete files",
+            "data files",
+            "score",
+            "due",
+            "last compaction",
+            "next compaction",
+        ):
+            tables.add_column(column, justify="left" if column in ("table", "job") else "right")
+        for t in data["tables"]:
+            last = t["last_compaction"]
+            tables.add_row(
+                t["table"],
+                t["job"],
+                "-" if t["mergeable_small_files"] is None else str(t["mergeable_small_files"]),
+                str(t["delete_files"]),
+                str(t["data_files"]),
+                str(t["score"]),
+                "yes" if t["due"] else "no",
+                f"{last['outcome']} {_when(last['ended_at'])}" if last else "-",
+                _when(t["next_compaction_at"]),
+            )
+        out.print(tables)
+        schedules = RichTable(title="next ticks")
+        for column in ("job", "action", "next run"):
+            schedules.add_column(column)
+        for s in data["schedules"]:
+            schedules.add_row(s["job"], s["action"], _when(s["next_run_at"]))
+        out.print(schedules)
+        runs = RichTable(title="recent runs")
+        for column in (
+            "started",
+            "table",
+            "action",
+            "outcome",
+            "files in",
+            "bytes in",
+            "files out",
+            "error",
+        ):
+            runs.add_column(
+                column, justify="right" if column.startswith(("files", "bytes")) else "left"
+            )
+        for r in data["runs"]:
+            runs.add_row(
+                _when(r["started_at"]),
+                r["table_name"],
+                r["action"],
+                r["outcome"] or "running",
+                str(r["input_files"]),
+                format_size(r["input_bytes"]),
+                str(r["output_files"]),
+                r["error"] or "",
+            )
+        out.print(runs)
+
+    guarded(go)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()

@@ -1,0 +1,78 @@
+"""What every command shares: the consoles, one-line errors with exit codes, flags for options."""
+
+from __future__ import annotations
+
+import re
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import typer
+from rich.console import Console
+
+from compactor.errors import EXIT_RUNTIME, CompactorError, UsageError
+from compactor.options import check_pyiceberg_config
+
+# soft_wrap: lines are never broken at the terminal's width. Piped output has no width limit
+# (rich would assume 80 columns), so tables written to files and logs are never cut short.
+PIPE_WIDTH = 1000
+out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else PIPE_WIDTH)
+err = Console(stderr=True, soft_wrap=True)
+state = {"verbose": False}
+
+
+def _one_line(text: str) -> str:
+    return " ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+def flag(option: str) -> str:
+    """The command-line flag of a library option: ``target_file_size`` -> ``--target-file-size``."""
+    return "--" + option.replace("_", "-")
+
+
+def with_flags(message: str, options: tuple[str, ...]) -> str:
+    """``message`` with each option name it mentions (outside quoted values) shown as a flag."""
+    if not options:
+        return message
+    names = re.compile(r"\b(" + "|".join(map(re.escape, options)) + r")\b")
+    parts = re.split(r"('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")", message)
+    return "".join(
+        part if index % 2 else names.sub(lambda m: flag(m.group(1)), part)
+        for index, part in enumerate(parts)
+    )
+
+
+def fail(exc: BaseException) -> None:
+    """Print ``exc`` as one ``error:`` line (after its traceback with --verbose) and exit."""
+    verbose = state["verbose"]
+    if verbose:
+        traceback.print_exception(exc)
+    if isinstance(exc, CompactorError):
+        message, code = _one_line(str(exc)) or type(exc).__name__, exc.exit_code
+        if isinstance(exc, UsageError):
+            message = with_flags(message, exc.options)
+    else:
+        lines = str(exc).strip().splitlines()
+        message = f"{type(exc).__name__}: {lines[0].strip()}" if lines else type(exc).__name__
+        if not verbose:
+            message += " (run with --verbose for details)"
+        code = EXIT_RUNTIME
+    err.print(f"error: {message}", markup=False, highlight=False)
+    raise typer.Exit(code)
+
+
+def guarded(fn: Callable[[], Any]) -> Any:
+    """Run a command's body; any failure becomes one ``error:`` line and an exit code."""
+    try:
+        check_pyiceberg_config()
+        return fn()
+    except (typer.Exit, typer.Abort):
+        raise
+    except KeyboardInterrupt:
+        err.print(
+            "interrupted: unfinished groups were not committed; the next run cleans up after it"
+        )
+        raise typer.Exit(130) from None
+    except Exception as exc:
+        fail(exc)

@@ -1,0 +1,528 @@
+"""Commit rewritten groups as one Iceberg ``replace`` snapshot, validated like Java's RewriteFiles.
+
+Rules (Iceberg spec and the Java reference):
+- the new snapshot's operation is ``replace``; its parent is the branch head at commit time;
+- every input file must still be live at the head; a group whose input was removed or replaced
+  since the start snapshot, or which gained a position or equality delete, is dropped;
+- appends by others never conflict;
+- new files carry the start snapshot's data sequence number, so deletes committed after the
+  start still apply to the rewritten rows;
+- catalog conflicts are retried after a refresh with exponential backoff, bounded in count
+  and time, re-validating each time.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownException
+from pyiceberg.manifest import (
+    DataFile,
+    DataFileContent,
+    ManifestContent,
+    ManifestEntry,
+    ManifestEntryStatus,
+    ManifestFile,
+    write_manifest_list,
+)
+from pyiceberg.table import Table, TableProperties
+from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
+from pyiceberg.table.snapshots import (
+    Operation,
+    Snapshot,
+    SnapshotSummaryCollector,
+    Summary,
+    update_snapshot_summaries,
+)
+from pyiceberg.table.update import (
+    AddSnapshotUpdate,
+    AssertRefSnapshotId,
+    AssertTableUUID,
+    SetSnapshotRefUpdate,
+)
+from pyiceberg.utils.properties import property_as_int
+
+from compactor.errors import CommitConflictError, CommitStateUnknownError, first_line
+from compactor.iceberg.pyiceberg_compat import DeleteFileIndex, manifest_writer
+from compactor.planning.planner import FileGroup, InputFile, Plan, is_unpartitioned
+from compactor.planning.tasks import TaskResult
+from compactor.storage.deleter import delete_files
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class CommitOutcome:
+    """Which groups a commit included, which it refused and why, and the snapshot it made."""
+
+    snapshot_id: int | None = None
+    committed: list[TaskResult] = field(default_factory=list)
+    conflicts: dict[int, str] = field(default_factory=dict)
+    removed_delete_files: list[DataFile] = field(default_factory=list)
+    attempts: int = 0
+
+
+@dataclass
+class RetryPolicy:
+    """Commit retries, from the table's ``commit.retry.*`` properties (Iceberg defaults)."""
+
+    num_retries: int = TableProperties.COMMIT_NUM_RETRIES_DEFAULT
+    min_wait_ms: int = 100
+    max_wait_ms: int = 60_000
+    total_timeout_ms: int = 1_800_000
+
+    @classmethod
+    def for_table(cls, table: Table) -> RetryPolicy:
+        props = table.metadata.properties
+
+        def get(name: str, default: int) -> int:
+            return max(0, property_as_int(props, name, default) or 0)
+
+        return cls(
+            num_retries=get(TableProperties.COMMIT_NUM_RETRIES, cls.num_retries),
+            min_wait_ms=get(TableProperties.COMMIT_MIN_RETRY_WAIT_MS, cls.min_wait_ms),
+            max_wait_ms=get(TableProperties.COMMIT_MAX_RETRY_WAIT_MS, cls.max_wait_ms),
+            total_timeout_ms=get(TableProperties.COMMIT_TOTAL_RETRY_TIME_MS, cls.total_timeout_ms),
+        )
+
+    def wait_s(self, attempt: int) -> float:
+        wait = min(self.max_wait_ms, self.min_wait_ms * 2**attempt)
+        return wait * (0.5 + random.random() / 2) / 1000
+
+
+def _new_snapshots(table: Table, start_id: int | None, head: Snapshot | None) -> list[Snapshot]:
+    """Snapshots on the main branch committed after ``start_id``, newest first."""
+    found: list[Snapshot] = []
+    snapshot = head
+    while snapshot is not None and snapshot.snapshot_id != start_id:
+        found.append(snapshot)
+        parent = snapshot.parent_snapshot_id
+        snapshot = table.metadata.snapshot_by_id(parent) if parent is not None else None
+    if start_id is not None and snapshot is None:
+        raise CommitConflictError(
+            f"the start snapshot {start_id} is no longer an ancestor of the main branch (rolled back?)"
+        )
+    return found
+
+
+def _entries_added_by(table: Table, snapshot: Snapshot) -> Iterable[ManifestEntry]:
+    for manifest in snapshot.manifests(table.io):
+        if manifest.added_snapshot_id != snapshot.snapshot_id:
+            continue
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=False):
+            if entry.snapshot_id == snapshot.snapshot_id:
+                yield entry
+
+
+def find_conflicts(
+    table: Table, plan: Plan, groups: list[FileGroup], head: Snapshot | None
+) -> dict[int, str]:
+    """Group id -> why committing it now would be unsafe, from every snapshot since the plan's."""
+    conflicts: dict[int, str] = {}
+    if head is None or head.snapshot_id == plan.snapshot_id:
+        return conflicts
+    group_of = {f.path: g.group_id for g in groups for f in g.files}
+    by_partition: dict[tuple[int, object], list[FileGroup]] = defaultdict(list)
+    for g in groups:
+        by_partition[(g.spec_id, g.partition)].append(g)
+    specs = table.metadata.specs()
+    for snapshot in _new_snapshots(table, plan.snapshot_id, head):
+        operation = snapshot.summary.operation if snapshot.summary else None
+        if operation == Operation.APPEND:
+            continue
+        new_position_deletes = DeleteFileIndex()
+        has_position_deletes = False
+        for entry in _entries_added_by(table, snapshot):
+            data_file = entry.data_file
+            if entry.status == ManifestEntryStatus.DELETED and data_file.file_path in group_of:
+                conflicts.setdefault(
+                    group_of[data_file.file_path],
+                    f"input {data_file.file_path} was removed by snapshot {snapshot.snapshot_id}",
+                )
+            if entry.status != ManifestEntryStatus.ADDED:
+                continue
+            if data_file.content == DataFileContent.POSITION_DELETES:
+                new_position_deletes.add_delete_file(entry, partition_key=data_file.partition)
+                has_position_deletes = True
+            elif data_file.content == DataFileContent.EQUALITY_DELETES:
+                is_global = is_unpartitioned(specs[data_file.spec_id])
+                for key, members in by_partition.items():
+                    if is_global or key == (data_file.spec_id, data_file.partition):
+                        for g in members:
+                            conflicts.setdefault(
+                                g.group_id,
+                                f"equality delete {data_file.file_path} added by snapshot {snapshot.snapshot_id}",
+                            )
+        if has_position_deletes:
+            for g in groups:
+                for f in g.files:
+                    hits = new_position_deletes.for_data_file(
+                        f.data_sequence_number, f.data_file, partition_key=f.data_file.partition
+                    )
+                    if hits:
+                        path = sorted(d.file_path for d in hits)[0]
+                        conflicts.setdefault(
+                            g.group_id,
+                            f"position delete {path} for input {f.path} added by snapshot {snapshot.snapshot_id}",
+                        )
+    return conflicts
+
+
+class _Attempt:
+    """One try at writing the new snapshot's manifests and manifest list."""
+
+    def __init__(
+        self, table: Table, snapshot_id: int, on_file: Callable[[list[str]], None] | None
+    ) -> None:
+        self.table = table
+        self.snapshot_id = snapshot_id
+        self._on_file = on_file
+        self.commit_uuid = uuid.uuid4()
+        self.written: list[str] = []
+        self._locations = table.location_provider()
+        self._compression = table.metadata.properties.get(
+            TableProperties.WRITE_AVRO_COMPRESSION, TableProperties.WRITE_AVRO_COMPRESSION_DEFAULT
+        )
+
+    def _output(self, name: str):
+        path = self._locations.new_metadata_location(name)
+        if self._on_file:
+            self._on_file([path])
+        self.written.append(path)
+        return self.table.io.new_output(path)
+
+    def manifest_writer(self, spec_id: int, content: ManifestContent = ManifestContent.DATA):
+        metadata = self.table.metadata
+        name = f"{self.commit_uuid}-m{len(self.written)}.avro"
+        return manifest_writer(
+            content,
+            metadata.format_version,
+            metadata.specs()[spec_id],
+            metadata.schema(),
+            self._output(name),
+            self.snapshot_id,
+            self._compression,
+        )
+
+    def manifest_list(
+        self, parent_id: int | None, sequence_number: int, manifests: list[ManifestFile]
+    ) -> str:
+        name = f"snap-{self.snapshot_id}-1-{self.commit_uuid}.avro"
+        output = self._output(name)
+        with write_manifest_list(
+            format_version=self.table.metadata.format_version,
+            output_file=output,
+            snapshot_id=self.snapshot_id,
+            parent_snapshot_id=parent_id,
+            sequence_number=sequence_number,
+            avro_compression=self._compression,
+        ) as writer:
+            writer.add_manifests(manifests)
+        return output.location
+
+    def discard(self) -> None:
+        delete_files(self.table.io, self.written)
+
+
+def _filter_manifests(
+    attempt: _Attempt,
+    head: Snapshot,
+    plan: Plan,
+    inputs: dict[str, InputFile],
+    dangling: set[str],
+) -> tuple[list[ManifestFile], dict[str, ManifestEntry]]:
+    """Carry the head's manifests over without the inputs and dangling delete files.
+
+    Manifests that hold none of them are kept as they are; manifests whose every live file goes
+    are dropped; the others are rewritten with their remaining entries as EXISTING. Returns the
+    manifests and, per removed path, the live entry found for it (the caller records those as
+    DELETED and can tell which inputs are no longer live). Manifests of the plan's snapshot are
+    read again only when the plan cannot tell what to do with them.
+    """
+    io = attempt.table.io
+    remove = inputs.keys() | dangling
+    by_manifest: dict[str, list[str]] = defaultdict(list)
+    for path, f in inputs.items():
+        by_manifest[f.manifest_path].append(path)
+    manifests: list[ManifestFile] = []
+    found: dict[str, ManifestEntry] = {}
+    for manifest in head.manifests(io):
+        path = manifest.manifest_path
+        if path in plan.start_manifests:
+            live = plan.manifest_live_entries.get(path)
+            known = by_manifest.get(path, [])
+            may_hold_dangling = bool(dangling) and manifest.content == ManifestContent.DELETES
+            if live is None or not (known or may_hold_dangling):
+                manifests.append(manifest)  # pruned by the filter, or holds nothing to remove
+                continue
+            planned = [inputs[p].entry for p in known]
+            if len(known) == live and all(e is not None for e in planned):
+                found.update((e.data_file.file_path, e) for e in planned if e is not None)
+                continue
+        entries = manifest.fetch_manifest_entry(io, discard_deleted=True)
+        kept = [e for e in entries if e.data_file.file_path not in remove]
+        if len(kept) == len(entries):
+            manifests.append(manifest)
+            continue
+        found.update((e.data_file.file_path, e) for e in entries if e.data_file.file_path in remove)
+        if not kept:
+            continue
+        with attempt.manifest_writer(manifest.partition_spec_id, manifest.content) as writer:
+            for entry in kept:
+                writer.add_entry(
+                    ManifestEntry.from_args(
+                        status=ManifestEntryStatus.EXISTING,
+                        snapshot_id=entry.snapshot_id,
+                        sequence_number=entry.sequence_number,
+                        file_sequence_number=entry.file_sequence_number,
+                        data_file=entry.data_file,
+                    )
+                )
+        manifests.append(writer.to_manifest_file())
+    return manifests, found
+
+
+def _write_changes(
+    attempt: _Attempt,
+    added: list[DataFile],
+    removed: list[ManifestEntry],
+    data_sequence_number: int | None,
+) -> list[ManifestFile]:
+    """One manifest per (spec, content) with the added files and the removed files' DELETED entries."""
+    by_key: dict[tuple[int, ManifestContent], list[ManifestEntry]] = defaultdict(list)
+    for data_file in added:
+        entry = ManifestEntry.from_args(
+            status=ManifestEntryStatus.ADDED,
+            snapshot_id=attempt.snapshot_id,
+            sequence_number=data_sequence_number,
+            file_sequence_number=None,
+            data_file=data_file,
+        )
+        by_key[(data_file.spec_id, ManifestContent.DATA)].append(entry)
+    for entry in removed:
+        data_file = entry.data_file
+        content = (
+            ManifestContent.DATA
+            if data_file.content == DataFileContent.DATA
+            else ManifestContent.DELETES
+        )
+        by_key[(data_file.spec_id, content)].append(
+            ManifestEntry.from_args(
+                status=ManifestEntryStatus.DELETED,
+                snapshot_id=attempt.snapshot_id,
+                sequence_number=entry.sequence_number,
+                file_sequence_number=entry.file_sequence_number,
+                data_file=data_file,
+            )
+        )
+    manifests = []
+    for (spec_id, content), entries in sorted(
+        by_key.items(), key=lambda kv: (kv[0][1].value, kv[0][0])
+    ):
+        with attempt.manifest_writer(spec_id, content) as writer:
+            for entry in entries:
+                writer.add_entry(entry)
+        manifests.append(writer.to_manifest_file())
+    return manifests
+
+
+def _summary(
+    table: Table,
+    head: Snapshot,
+    added: list[DataFile],
+    removed: list[DataFile],
+    props: dict[str, str],
+) -> Summary:
+    metadata = table.metadata
+    schema, specs = metadata.schema(), metadata.specs()
+    limit = (
+        property_as_int(metadata.properties, TableProperties.WRITE_PARTITION_SUMMARY_LIMIT, 0) or 0
+    )
+    collector = SnapshotSummaryCollector(partition_summary_limit=limit)
+    for data_file in added:
+        collector.add_file(data_file, schema=schema, partition_spec=specs[data_file.spec_id])
+    for data_file in removed:
+        collector.remove_file(data_file, schema=schema, partition_spec=specs[data_file.spec_id])
+    # pyiceberg totals only "overwrite"-like operations; compute them so, then relabel.
+    totals = update_snapshot_summaries(
+        Summary(operation=Operation.OVERWRITE, **collector.build(), **props),
+        previous_summary=head.summary.additional_properties if head.summary else None,
+    )
+    return Summary(operation=Operation.REPLACE, **totals.additional_properties)
+
+
+def commit_replace(
+    table: Table,
+    plan: Plan,
+    results: list[TaskResult],
+    snapshot_properties: dict[str, str],
+    retry: RetryPolicy | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    on_file: Callable[[list[str]], None] | None = None,
+    rewritten_before: frozenset[str] = frozenset(),
+    fence: Callable[[], None] | None = None,
+) -> CommitOutcome:
+    """Commit ``results`` as one ``replace`` snapshot on main; refused groups are reported, not raised.
+
+    Each result is matched to its group of ``plan`` by ``task_id``: the plan, which stays in the
+    driver, holds the inputs' manifest entries the commit removes. The caller owns the output files of refused groups (``outcome.conflicts``) and deletes them.
+    ``on_file`` is told of every metadata file before it is written (for crash recovery).
+    ``rewritten_before`` are the input files the run's earlier commits replaced: a position
+    delete file whose data files were rewritten partly then and partly now is retired now.
+    ``fence`` runs just before each catalog call and raises if this run may no longer commit.
+    A group whose output files are not all still in storage is refused.
+
+    Raises :class:`CommitStateUnknownError` when the catalog cannot tell whether the commit
+    was applied: every file stays, since the table may reference them.
+    """
+    retry = retry or RetryPolicy.for_table(table)
+    outcome = CommitOutcome()
+    pending = {r.task_id: r for r in results}
+    snapshot_id = table.metadata.new_snapshot_id()
+    started = time.monotonic()
+    while True:
+        outcome.attempts += 1
+        head = table.metadata.snapshot_by_name(MAIN_BRANCH)
+        refused = find_conflicts(table, plan, [plan.group(gid) for gid in pending], head)
+        refused.update(_missing_outputs(table, pending.values()))
+        for group_id, reason in refused.items():
+            outcome.conflicts.setdefault(group_id, reason)
+            pending.pop(group_id)
+        if not pending or head is None:
+            return outcome
+
+        attempt = _Attempt(table, snapshot_id, on_file)
+        in_catalog_call = False
+        try:
+            snapshot = _write_snapshot(
+                attempt, plan, head, pending, outcome, snapshot_properties, rewritten_before
+            )
+            if snapshot is None:
+                continue  # inputs vanished without a conflicting snapshot in history; re-validate
+            requirements = (
+                AssertTableUUID(uuid=table.metadata.table_uuid),
+                AssertRefSnapshotId(ref=MAIN_BRANCH, snapshot_id=head.snapshot_id),
+            )
+            main = table.metadata.refs[MAIN_BRANCH]
+            updates = (
+                AddSnapshotUpdate(snapshot=snapshot),
+                SetSnapshotRefUpdate(  # keeps main's own retention, as Java does
+                    ref_name=MAIN_BRANCH,
+                    type=SnapshotRefType.BRANCH,
+                    snapshot_id=snapshot.snapshot_id,
+                    parent_snapshot_id=head.snapshot_id,
+                    max_ref_age_ms=main.max_ref_age_ms,
+                    max_snapshot_age_ms=main.max_snapshot_age_ms,
+                    min_snapshots_to_keep=main.min_snapshots_to_keep,
+                ),
+            )
+            if fence is not None:
+                fence()
+            in_catalog_call = True
+            table.catalog.commit_table(table, requirements, updates)
+        except CommitFailedException as exc:
+            attempt.discard()
+            elapsed_ms = (time.monotonic() - started) * 1000
+            if outcome.attempts > retry.num_retries or elapsed_ms > retry.total_timeout_ms:
+                raise CommitConflictError(
+                    f"table {plan.table}: commit still conflicting after {outcome.attempts} attempts: {exc}"
+                ) from exc
+            log.info("commit conflict on %s, retrying (%d): %s", plan.table, outcome.attempts, exc)
+            sleep(retry.wait_s(outcome.attempts - 1))
+            table.refresh()
+            continue
+        except CommitStateUnknownException as exc:
+            # The catalog may apply it still, even if a refresh does not show it yet (a proxy
+            # timed out): never delete what the table might come to reference.
+            if not _landed(table, snapshot_id, if_unknown=False):
+                raise CommitStateUnknownError(
+                    f"table {plan.table}: the catalog did not say whether snapshot {snapshot_id} "
+                    f"was committed ({first_line(exc)}); its files are kept for the next run to "
+                    "resolve"
+                ) from exc
+        except BaseException:
+            # Interrupted inside the catalog call (e.g. a second Ctrl-C), the commit may have
+            # landed: then these manifests are the table's, and deleting them would break it.
+            if not (in_catalog_call and _landed(table, snapshot_id, if_unknown=True)):
+                attempt.discard()
+            raise
+        table.refresh()
+        outcome.snapshot_id = snapshot_id
+        outcome.committed = list(pending.values())
+        return outcome
+
+
+def _landed(table: Table, snapshot_id: int, *, if_unknown: bool) -> bool:
+    """Whether the table now has ``snapshot_id``; ``if_unknown`` when the catalog cannot tell."""
+    try:
+        table.refresh()
+    except Exception:
+        return if_unknown
+    return table.metadata.snapshot_by_id(snapshot_id) is not None
+
+
+def _missing_outputs(table: Table, results: Iterable[TaskResult]) -> dict[int, str]:
+    """Groups with an output file no longer in storage (e.g. removed by another run)."""
+    missing: dict[int, str] = {}
+    for result in results:
+        for data_file in result.data_files:
+            if not table.io.new_input(data_file.file_path).exists():
+                missing[result.task_id] = (
+                    f"output {data_file.file_path} is missing from storage; not committing it"
+                )
+                break
+    return missing
+
+
+def _write_snapshot(
+    attempt: _Attempt,
+    plan: Plan,
+    head: Snapshot,
+    pending: dict[int, TaskResult],
+    outcome: CommitOutcome,
+    snapshot_properties: dict[str, str],
+    rewritten_before: frozenset[str],
+) -> Snapshot | None:
+    table = attempt.table
+    groups = {gid: plan.group(gid) for gid in pending}
+    rewritten = {f.path: gid for gid, g in groups.items() for f in g.files}
+    inputs = {f.path: f for g in groups.values() for f in g.files}
+    dangling = {
+        path: delete_file
+        for path, (delete_file, targets) in plan.delete_file_targets.items()
+        if targets & rewritten.keys() and targets <= rewritten.keys() | rewritten_before
+    }
+    manifests, found = _filter_manifests(attempt, head, plan, inputs, set(dangling))
+    missing = {gid for path, gid in rewritten.items() if path not in found}
+    if missing:
+        for gid in missing:
+            outcome.conflicts[gid] = "an input file is no longer live in the table"
+            pending.pop(gid)
+        attempt.discard()
+        return None
+
+    added = [df for r in pending.values() for df in r.data_files]
+    removed_entries = [found[p] for p in rewritten] + [found[p] for p in dangling if p in found]
+    outcome.removed_delete_files = [found[p].data_file for p in dangling if p in found]
+    metadata = table.metadata
+    data_sequence_number = plan.sequence_number if metadata.format_version > 1 else None
+    changes = _write_changes(attempt, added, removed_entries, data_sequence_number)
+    all_manifests = [m for m in changes + manifests if m.content == ManifestContent.DATA]
+    all_manifests += [m for m in changes + manifests if m.content == ManifestContent.DELETES]
+    removed = [e.data_file for e in removed_entries]
+    sequence_number = metadata.next_sequence_number()
+    manifest_list = attempt.manifest_list(head.snapshot_id, sequence_number, all_manifests)
+    return Snapshot(
+        snapshot_id=attempt.snapshot_id,
+        parent_snapshot_id=head.snapshot_id,
+        sequence_number=sequence_number,
+        manifest_list=manifest_list,
+        summary=_summary(table, head, added, removed, snapshot_properties),
+        schema_id=metadata.current_schema_id,
+    )

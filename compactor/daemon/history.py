@@ -1,0 +1,225 @@
+"""The daemon's memory, a SQLite file: its runs, each table's last score, the next ticks.
+
+``compactor status`` reads it while the daemon writes it (WAL mode), and a restarted daemon
+reads it to carry on: cool-downs and back-offs survive restarts, and runs a dead daemon left
+open are closed as ``interrupted``.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from compactor.daemon.scheduling import INTERRUPTED
+from compactor.errors import ConfigError
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    table_name TEXT NOT NULL,
+    action TEXT NOT NULL,
+    job TEXT NOT NULL,
+    started_at REAL NOT NULL,
+    ended_at REAL,
+    outcome TEXT,
+    input_files INTEGER NOT NULL DEFAULT 0,
+    input_bytes INTEGER NOT NULL DEFAULT 0,
+    output_files INTEGER NOT NULL DEFAULT 0,
+    output_bytes INTEGER NOT NULL DEFAULT 0,
+    snapshot_ids TEXT NOT NULL DEFAULT '[]',
+    conflicts INTEGER NOT NULL DEFAULT 0,
+    error TEXT
+);
+CREATE INDEX IF NOT EXISTS runs_by_table ON runs (table_name, action, id);
+CREATE TABLE IF NOT EXISTS tables (
+    table_name TEXT PRIMARY KEY,
+    job TEXT NOT NULL,
+    scanned_at REAL NOT NULL,
+    fragmentation TEXT NOT NULL,
+    due INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS schedules (
+    job TEXT NOT NULL,
+    action TEXT NOT NULL,
+    next_run_at REAL,
+    PRIMARY KEY (job, action)
+);
+"""
+
+
+@dataclass
+class RunRow:
+    """One run of one action on one table."""
+
+    table_name: str
+    action: str
+    job: str
+    started_at: float
+    ended_at: float | None = None
+    outcome: str | None = None
+    input_files: int = 0
+    input_bytes: int = 0
+    output_files: int = 0
+    output_bytes: int = 0
+    snapshot_ids: list[int] = field(default_factory=list)
+    conflicts: int = 0
+    error: str | None = None
+    id: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class History:
+    """Read and write the state file; safe to share between threads."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+            self._db.row_factory = sqlite3.Row
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA busy_timeout=10000")
+            self._db.executescript(SCHEMA)
+        except (OSError, sqlite3.Error) as exc:
+            raise ConfigError(f"state file {path}: {exc}") from None
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def close_interrupted(self, now: float) -> int:
+        """Mark runs left open by a daemon that died as interrupted; returns how many."""
+        with self._tx() as db:
+            cursor = db.execute(
+                "UPDATE runs SET ended_at = ?, outcome = ? WHERE outcome IS NULL",
+                (now, INTERRUPTED),
+            )
+            return cursor.rowcount
+
+    def start_run(self, table_name: str, action: str, job: str, now: float) -> RunRow:
+        row = RunRow(table_name, action, job, now)
+        with self._tx() as db:
+            cursor = db.execute(
+                "INSERT INTO runs (table_name, action, job, started_at) VALUES (?, ?, ?, ?)",
+                (table_name, action, job, now),
+            )
+        row.id = cursor.lastrowid
+        return row
+
+    def finish_run(self, row: RunRow) -> None:
+        with self._tx() as db:
+            db.execute(
+                "UPDATE runs SET ended_at = ?, outcome = ?, input_files = ?, input_bytes = ?, "
+                "output_files = ?, output_bytes = ?, snapshot_ids = ?, conflicts = ?, error = ? "
+                "WHERE id = ?",
+                (
+                    row.ended_at,
+                    row.outcome,
+                    row.input_files,
+                    row.input_bytes,
+                    row.output_files,
+                    row.output_bytes,
+                    json.dumps(row.snapshot_ids),
+                    row.conflicts,
+                    row.error,
+                    row.id,
+                ),
+            )
+
+    def runs(self, table_name: str | None = None, limit: int = 100) -> list[RunRow]:
+        """Most recent runs first."""
+        where, args = ("WHERE table_name = ?", [table_name]) if table_name else ("", [])
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT * FROM runs {where} ORDER BY id DESC LIMIT ?", (*args, limit)
+            ).fetchall()
+        return [_run(row) for row in rows]
+
+    def recent_runs(self, per_key: int) -> dict[tuple[str, str], list[RunRow]]:
+        """The last ``per_key`` finished runs of each (table, action), most recent first."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT * FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY table_name, action "
+                "ORDER BY id DESC) AS n FROM runs WHERE outcome IS NOT NULL) WHERE n <= ? "
+                "ORDER BY id DESC",
+                (per_key,),
+            ).fetchall()
+        found: dict[tuple[str, str], list[RunRow]] = {}
+        for row in rows:
+            found.setdefault((row["table_name"], row["action"]), []).append(_run(row))
+        return found
+
+    def record_scan(
+        self, table_name: str, job: str, now: float, fragmentation: dict[str, Any], due: bool
+    ) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO tables VALUES (?, ?, ?, ?, ?)",
+                (table_name, job, now, json.dumps(fragmentation), int(due)),
+            )
+
+    def scans(self) -> list[dict[str, Any]]:
+        with self._lock:
+            rows = self._db.execute("SELECT * FROM tables ORDER BY table_name").fetchall()
+        return [
+            {
+                "table": row["table_name"],
+                "job": row["job"],
+                "scanned_at": row["scanned_at"],
+                "due": bool(row["due"]),
+                **json.loads(row["fragmentation"]),
+            }
+            for row in rows
+        ]
+
+    def record_schedules(self, next_runs: dict[tuple[str, str], float | None]) -> None:
+        with self._tx() as db:
+            db.execute("DELETE FROM schedules")
+            db.executemany(
+                "INSERT INTO schedules VALUES (?, ?, ?)",
+                [(job, action, at) for (job, action), at in sorted(next_runs.items())],
+            )
+
+    def schedules(self) -> dict[tuple[str, str], float | None]:
+        with self._lock:
+            rows = self._db.execute("SELECT * FROM schedules ORDER BY job, action").fetchall()
+        return {(row["job"], row["action"]): row["next_run_at"] for row in rows}
+
+
+def _run(row: sqlite3.Row) -> RunRow:
+    return RunRow(
+        table_name=row["table_name"],
+        action=row["action"],
+        job=row["job"],
+        started_at=row["started_at"],
+        ended_at=row["ended_at"],
+        outcome=row["outcome"],
+        input_files=row["input_files"],
+        input_bytes=row["input_bytes"],
+        output_files=row["output_files"],
+        output_bytes=row["output_bytes"],
+        snapshot_ids=json.loads(row["snapshot_ids"]),
+        conflicts=row["conflicts"],
+        error=row["error"],
+        id=row["id"],
+    )

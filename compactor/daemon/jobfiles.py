@@ -1,0 +1,209 @@
+"""Job files: which tables the daemon keeps healthy, with which actions, when, and how.
+
+A job file is TOML (see the examples in ``jobs/``)::
+
+    tables = ["sales.*", "web.clicks"]      # exact names or globs on NAMESPACE.TABLE
+    exclude = ["sales.*_staging"]
+
+    [compact]
+    every = "5m"                            # or: cron = "*/5 * * * *"
+    min_small_files = 12
+
+    [expire]
+    cron = "0 3 * * *"
+
+    [orphans]
+    every = "1d"
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from pathlib import Path
+from typing import Annotated, Literal
+
+from apscheduler.triggers.base import BaseTrigger
+from apscheduler.triggers.cron import CronTrigger
+from apscheduler.triggers.interval import IntervalTrigger
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from compactor.daemon.config_files import load_toml, validate
+from compactor.durations import duration_ms, format_duration, parse_duration_ms
+from compactor.errors import ConfigError
+from compactor.options import MIN_ORPHAN_AGE_MS, CompactOptions, Size, checked
+
+ACTIONS = ("compact", "expire", "orphans")
+Action = Literal["compact", "expire", "orphans"]
+# Compact a table once this many small files sit in partitions a rewrite would shrink.
+DEFAULT_MIN_SMALL_FILES = 12
+DEFAULT_MIN_DELETE_FILES = 8
+DEFAULT_COOLDOWN = "15m"
+DEFAULT_ORPHAN_AGE = "3d"
+GLOB_CHARS = set("*?[")
+
+
+Duration = Annotated[str, checked(parse_duration_ms)]
+
+
+def _check_pattern(pattern: str) -> str:
+    namespace, _, name = pattern.rpartition(".")
+    if not namespace or not name:
+        raise ValueError(f"{pattern!r} is not NAMESPACE.TABLE (globs allowed: 'sales.*')")
+    return pattern
+
+
+TablePattern = Annotated[str, AfterValidator(_check_pattern)]
+
+
+def _check_cron(expression: str) -> str:
+    try:
+        CronTrigger.from_crontab(expression)
+    except ValueError as exc:
+        raise ValueError(f"{expression!r} is not a crontab expression: {exc}") from None
+    return expression
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Schedule(_Section):
+    """When an action runs: ``every`` (an interval) or ``cron`` (a crontab line, UTC)."""
+
+    every: Duration | None = None
+    cron: Annotated[str, AfterValidator(_check_cron)] | None = None
+
+    @model_validator(mode="after")
+    def _one_schedule(self) -> Schedule:
+        if (self.every is None) == (self.cron is None):
+            raise ValueError('give exactly one of every = "10m" or cron = "*/10 * * * *"')
+        return self
+
+    def trigger(self) -> BaseTrigger:
+        """The APScheduler trigger for this schedule."""
+        if self.every is not None:
+            return IntervalTrigger(seconds=parse_duration_ms(self.every, "every") / 1000)
+        assert self.cron is not None
+        return CronTrigger.from_crontab(self.cron, timezone="UTC")
+
+    def describe(self) -> str:
+        return f"every {self.every}" if self.every is not None else f"cron {self.cron!r}"
+
+
+class CompactAction(Schedule, CompactOptions):
+    """Compact a table when its fragmentation crosses a threshold, then rest ``cooldown``.
+
+    Takes every option of a compaction run (:class:`~compactor.options.CompactOptions`).
+    """
+
+    min_small_files: int = Field(DEFAULT_MIN_SMALL_FILES, ge=1)
+    min_small_bytes: Size | None = None
+    min_delete_files: int = Field(DEFAULT_MIN_DELETE_FILES, ge=1)
+    cooldown: Duration = DEFAULT_COOLDOWN
+
+
+class ExpireAction(Schedule):
+    """Expire snapshots; ``older_than``/``retain_last`` default to the table's properties."""
+
+    older_than: Duration | None = None
+    retain_last: int | None = Field(None, ge=1)
+
+
+class OrphansAction(Schedule):
+    """Remove files no metadata references, older than ``older_than`` (at least 1d unless allowed)."""
+
+    allow_short_older_than: bool = False  # before older_than: its validator reads this
+    older_than: Duration = DEFAULT_ORPHAN_AGE
+
+    @field_validator("older_than")
+    @classmethod
+    def _not_below_the_floor(cls, value: str, info: ValidationInfo) -> str:
+        if info.data.get("allow_short_older_than"):
+            return value
+        age_ms = duration_ms(value)
+        if age_ms is not None and age_ms < MIN_ORPHAN_AGE_MS:
+            raise ValueError(
+                f"{value!r} is below the {format_duration(MIN_ORPHAN_AGE_MS)} safety floor of "
+                "orphan removal (files of commits and compaction runs in flight could be "
+                "deleted); set allow_short_older_than = true to allow it"
+            )
+        return value
+
+
+class JobFile(_Section):
+    """One job file: the tables in scope and the actions to run on them."""
+
+    description: str | None = None
+    catalog: str | None = None
+    tables: list[TablePattern] = Field(min_length=1)
+    exclude: list[TablePattern] = []
+    compact: CompactAction | None = None
+    expire: ExpireAction | None = None
+    orphans: OrphansAction | None = None
+
+    @model_validator(mode="after")
+    def _some_action(self) -> JobFile:
+        if not self.actions():
+            raise ValueError("no action: add a [compact], [expire] or [orphans] section")
+        return self
+
+    def actions(self) -> dict[Action, Schedule]:
+        """The configured actions, in a fixed order."""
+        found = {name: getattr(self, name) for name in ACTIONS}
+        return {name: section for name, section in found.items() if section is not None}
+
+
+class Job:
+    """A validated job file and where it came from."""
+
+    def __init__(self, path: Path, spec: JobFile) -> None:
+        self.path = path
+        self.spec = spec
+
+    @property
+    def name(self) -> str:
+        return self.path.stem
+
+    def matches(self, identifier: str) -> bool:
+        """Whether ``identifier`` (``ns.table``) is in scope: named or globbed, not excluded."""
+        included = any(fnmatch.fnmatchcase(identifier, p) for p in self.spec.tables)
+        return included and not any(fnmatch.fnmatchcase(identifier, p) for p in self.spec.exclude)
+
+    def namespaces(self) -> set[str] | None:
+        """Namespaces to list for glob patterns; None when some namespace is itself a glob."""
+        found = set()
+        for pattern in self.spec.tables:
+            namespace = pattern.rpartition(".")[0]
+            if GLOB_CHARS & set(namespace):
+                return None
+            found.add(namespace)
+        return found
+
+
+def load_job(path: Path) -> Job:
+    """Load and validate one job file."""
+    data, source = load_toml(path)
+    return Job(path, validate(JobFile, data, source, path))
+
+
+def job_paths(directory: Path) -> list[Path]:
+    """The job files (``*.toml``) of ``directory``, sorted; an error when there are none."""
+    if not directory.is_dir():
+        raise ConfigError(f"{directory}: job directory does not exist")
+    paths = sorted(directory.glob("*.toml"))
+    if not paths:
+        raise ConfigError(f"{directory}: no job files (*.toml)")
+    return paths
+
+
+def load_jobs(directory: Path) -> list[Job]:
+    """Every job file of ``directory``; the first invalid one raises a ConfigError."""
+    return [load_job(path) for path in job_paths(directory)]

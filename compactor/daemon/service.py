@@ -1,0 +1,413 @@
+"""``compactor daemon``: keep every table of the job files healthy, with no one calling.
+
+Each (job file, action) has an APScheduler schedule. A compaction tick scores every table in
+scope (:mod:`compactor.planning.fragmentation`) and queues those over a threshold; an expiry or orphan
+tick queues every table in scope. :class:`~compactor.daemon.scheduling.RunPolicy` decides which queued
+run starts, and runs execute on a pool of ``max_concurrent_runs`` threads. Everything that
+happens is written to the state file (:mod:`compactor.daemon.history`), counted in
+:mod:`compactor.daemon.metrics` and logged with fields.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from typing import Any
+
+from apscheduler.executors.pool import ThreadPoolExecutor as TickExecutor
+from apscheduler.schedulers.background import BackgroundScheduler
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import NoSuchNamespaceError
+from pyiceberg.table import Table
+
+from compactor.commit.inflight import LeaseHeldError
+from compactor.compaction import compact
+from compactor.daemon.config import DaemonConfig
+from compactor.daemon.history import History, RunRow
+from compactor.daemon.jobfiles import CompactAction, ExpireAction, Job, OrphansAction
+from compactor.daemon.metrics import DaemonMetrics, MetricsServer
+from compactor.daemon.scheduling import (
+    CANCELLED,
+    CONFLICT,
+    FAILED,
+    NOOP,
+    PARTIAL,
+    SKIPPED,
+    SUCCEEDED,
+    Request,
+    RunPolicy,
+)
+from compactor.durations import parse_duration_ms
+from compactor.errors import CommitConflictError, GcDisabledError, first_line
+from compactor.iceberg.catalogs import all_namespaces, open_catalog
+from compactor.maintain.expire import expire_snapshots, retention_policy
+from compactor.maintain.orphans import orphan_cutoff, remove_orphans
+from compactor.options import RewriteOptions, resolve_options
+from compactor.planning.fragmentation import FragmentationScanner, due_reasons
+
+log = logging.getLogger("compactor.daemon.service")
+
+# Runs of each (table, action) read back from the state file at start, to rebuild streaks.
+RESTORE_RUNS = 32
+# Ticks (scans) running at once; runs have their own pool.
+TICK_THREADS = 2
+
+
+def tables_in_scope(catalog: Catalog, job: Job) -> list[str]:
+    """Tables of ``catalog`` that ``job`` names or globs, listed now (new ones included)."""
+    names = job.namespaces()
+    if names is None:
+        names = {".".join(ns) for ns in all_namespaces(catalog)}
+    tables = set()
+    for namespace in sorted(names):
+        try:
+            listed = catalog.list_tables(namespace)
+        except NoSuchNamespaceError:
+            continue
+        tables.update(".".join(identifier) for identifier in listed)
+    return sorted(t for t in tables if job.matches(t))
+
+
+class Daemon:
+    """The long-lived process: schedules, queue, runs, state file, metrics, endpoint."""
+
+    def __init__(
+        self,
+        config: DaemonConfig,
+        jobs: list[Job],
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        section = config.section
+        self.config = config
+        self.jobs = jobs
+        self.clock = clock
+        self.stopping = threading.Event()
+        self.history = History(config.state_path)
+        self.metrics = DaemonMetrics()
+        self.policy = RunPolicy(
+            section.max_concurrent_runs,
+            config.backoff_initial_s,
+            config.backoff_max_s,
+            section.conflicts_before_backoff,
+            clock,
+        )
+        self.scanner = FragmentationScanner()
+        self.server: MetricsServer | None = None
+        self._lock = threading.Lock()
+        self._catalogs: dict[str | None, Catalog] = {}
+        self._runs = ThreadPoolExecutor(section.max_concurrent_runs, thread_name_prefix="run")
+        self._scheduler = BackgroundScheduler(
+            timezone=UTC,
+            executors={"default": TickExecutor(TICK_THREADS)},
+            job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
+        )
+
+    # --- life cycle ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Open the endpoint, restore state and start the schedules (first ticks right away)."""
+        now = self.clock()
+        interrupted = self.history.close_interrupted(now)
+        recent = self.history.recent_runs(RESTORE_RUNS)
+        self.policy.restore(
+            {
+                key: [(r.outcome or FAILED, r.ended_at or now, r.conflicts) for r in runs]
+                for key, runs in recent.items()
+            }
+        )
+        listen = self.config.listen
+        if listen:
+            self.server = MetricsServer(listen, self.metrics, self._health)
+            self.server.start()
+        first = datetime.now(UTC)
+        for job in self.jobs:
+            for action, section in job.spec.actions().items():
+                self._scheduler.add_job(
+                    self._tick,
+                    trigger=section.trigger(),
+                    args=(job, action),
+                    id=f"{job.name}:{action}",
+                    name=f"{job.name} {action}",
+                    next_run_time=first,
+                )
+        self._scheduler.start()
+        log.info(
+            "daemon started",
+            extra={
+                "event": "daemon_started",
+                "jobs": [job.name for job in self.jobs],
+                "state": str(self.config.state_path),
+                "url": self.server.url if self.server else None,
+                "max_concurrent_runs": self.policy.max_concurrent,
+                "interrupted_runs_closed": interrupted,
+            },
+        )
+
+    def drain(self) -> None:
+        """Start nothing new; let running runs finish or abandon their group; close everything."""
+        self.stopping.set()
+        with self._lock:
+            self.policy.close()
+            running = [r.table for r in self.policy.running]
+        log.info("draining", extra={"event": "draining", "running": running})
+        self._scheduler.shutdown(wait=True)
+        self._runs.shutdown(wait=True)
+        self.metrics.queue_length.set(0)
+        if self.server:
+            self.server.stop()
+        self.history.close()
+        log.info("daemon stopped", extra={"event": "daemon_stopped"})
+
+    def _health(self) -> tuple[bool, dict[str, Any]]:
+        with self._lock:
+            details = {"running": len(self.policy.running), "queued": len(self.policy.queued)}
+        return not self.stopping.is_set(), details
+
+    # --- ticks: decide what to queue -----------------------------------------------------------
+
+    def _catalog(self, name: str | None) -> Catalog:
+        with self._lock:
+            if name not in self._catalogs:
+                self._catalogs[name] = open_catalog(name)
+            return self._catalogs[name]
+
+    def _tick(self, job: Job, action: str) -> None:
+        if self.stopping.is_set():
+            return
+        try:
+            catalog = self._catalog(job.spec.catalog or self.config.section.catalog)
+            tables = tables_in_scope(catalog, job)
+        except Exception as exc:
+            log.error(
+                "cannot list tables",
+                extra={
+                    "event": "tick_failed",
+                    "job": job.name,
+                    "action": action,
+                    "error": first_line(exc),
+                },
+            )
+            return
+        offered = []
+        for identifier in tables:
+            if self.stopping.is_set():
+                return
+            request = self._request(catalog, job, action, identifier)
+            if request is None:
+                continue
+            with self._lock:
+                refused = self.policy.offer(request)
+            if refused is None:
+                offered.append(identifier)
+            else:
+                log.debug(
+                    "not queued",
+                    extra={
+                        "event": "not_queued",
+                        "table": identifier,
+                        "action": action,
+                        "reason": refused,
+                    },
+                )
+        log.info(
+            "tick",
+            extra={
+                "event": "tick",
+                "job": job.name,
+                "action": action,
+                "tables": len(tables),
+                "queued": offered,
+            },
+        )
+        self._dispatch()
+        self._record_schedules()
+
+    def _request(self, catalog: Catalog, job: Job, action: str, identifier: str) -> Request | None:
+        section = job.spec.actions()[action]
+        if not isinstance(section, CompactAction):
+            return Request(identifier, action, job.name, payload=(catalog, section, None))
+        try:
+            table = catalog.load_table(identifier)
+            options = resolve_options(identifier, table.metadata.properties, **section.given())
+            reasons, score = self._score(table, identifier, job.name, options, section)
+        except Exception as exc:
+            self.metrics.scan_errors.inc()
+            log.warning(
+                "cannot score table",
+                extra={"event": "scan_failed", "table": identifier, "error": first_line(exc)},
+            )
+            return None
+        if not reasons:
+            return None
+        return Request(
+            identifier,
+            action,
+            job.name,
+            priority=score,
+            cooldown_s=parse_duration_ms(section.cooldown, "cooldown") / 1000,
+            payload=(catalog, section, options),
+        )
+
+    def _score(
+        self,
+        table: Table,
+        identifier: str,
+        job_name: str,
+        options: RewriteOptions,
+        section: CompactAction,
+    ) -> tuple[list[str], int]:
+        """Score ``table``, record the scan and its gauges; the thresholds crossed and the score."""
+        fragmentation = self.scanner.scan(table, identifier, options.target_file_size, section)
+        reasons = due_reasons(fragmentation, section)
+        self.history.record_scan(
+            identifier,
+            job_name,
+            self.clock(),
+            {**fragmentation.to_dict(), "reasons": reasons},
+            bool(reasons),
+        )
+        self.metrics.small_files.labels(identifier).set(fragmentation.mergeable_small_files or 0)
+        self.metrics.small_bytes.labels(identifier).set(fragmentation.mergeable_small_bytes or 0)
+        self.metrics.data_files.labels(identifier).set(fragmentation.data_files)
+        self.metrics.delete_files.labels(identifier).set(fragmentation.delete_files)
+        return reasons, fragmentation.score
+
+    def _record_schedules(self) -> None:
+        next_runs = {}
+        for scheduled in self._scheduler.get_jobs():
+            job_name, _, action = scheduled.id.partition(":")
+            when = scheduled.next_run_time
+            next_runs[(job_name, action)] = when.timestamp() if when else None
+        if not self.stopping.is_set():
+            self.history.record_schedules(next_runs)
+
+    # --- runs ----------------------------------------------------------------------------------
+
+    def _dispatch(self) -> None:
+        with self._lock:
+            started = self.policy.take()
+            self.metrics.queue_length.set(len(self.policy.queued))
+            self.metrics.running.set(len(self.policy.running))
+            for request in started:
+                self._runs.submit(self._execute, request)
+
+    def _execute(self, request: Request) -> None:
+        row = self.history.start_run(request.table, request.action, request.job, self.clock())
+        log.info(
+            "run started",
+            extra={
+                "event": "run_started",
+                "table": request.table,
+                "action": request.action,
+                "run": row.id,
+            },
+        )
+        started = time.monotonic()
+        try:
+            row.outcome = self._perform(request, row)
+        except (LeaseHeldError, GcDisabledError) as exc:
+            row.outcome, row.error = SKIPPED, first_line(exc)
+        except CommitConflictError as exc:
+            row.outcome, row.error, row.conflicts = CONFLICT, first_line(exc), 1
+            self.metrics.commit_conflicts.inc()
+        except Exception as exc:
+            row.outcome, row.error = FAILED, first_line(exc)
+            log.debug("run failed", exc_info=True)
+        duration = time.monotonic() - started
+        row.ended_at = self.clock()
+        self.history.finish_run(row)
+        self.metrics.runs.labels(request.action, row.outcome).inc()
+        self.metrics.duration.labels(request.action).observe(duration)
+        with self._lock:
+            self.policy.finish(request, row.outcome, row.conflicts)
+        level = logging.WARNING if row.outcome in (FAILED, CONFLICT) else logging.INFO
+        log.log(
+            level,
+            "run finished",
+            extra={
+                "event": "run_finished",
+                **{k: v for k, v in row.to_dict().items() if k not in ("table_name",)},
+                "table": request.table,
+                "duration_s": round(duration, 3),
+            },
+        )
+        self._dispatch()
+
+    def _perform(self, request: Request, row: RunRow) -> str:
+        catalog, section, options = request.payload  # options: resolved, for compactions only
+        table = catalog.load_table(request.table)
+        if options is None:
+            return self._reclaim(catalog, table, request, section, row)
+        return self._compact(table, request, section, options, row)
+
+    def _reclaim(
+        self,
+        catalog: Catalog,
+        table: Table,
+        request: Request,
+        section: ExpireAction | OrphansAction,
+        row: RunRow,
+    ) -> str:
+        """Expire snapshots or remove orphan files; the outcome.
+
+        A table with gc.enabled=false raises GcDisabledError: the run is skipped, deleting nothing.
+        """
+        now_ms = int(time.time() * 1000)
+        if isinstance(section, ExpireAction):
+            policy = retention_policy(
+                table, request.table, section.older_than, section.retain_last, now_ms
+            )
+            data = expire_snapshots(table, request.table, policy, catalog=catalog).to_dict()
+            changed = data["snapshots_expired"] or data["files_deleted"]
+        else:
+            allow = section.allow_short_older_than
+            cutoff = orphan_cutoff(section.older_than, now_ms, allow_short=allow)
+            data = remove_orphans(
+                table, request.table, cutoff, catalog=catalog, allow_short_older_than=allow
+            ).to_dict()
+            changed = data["files_deleted"]
+        row.input_files, row.input_bytes = data["files_deleted"], data["bytes_deleted"]
+        self.metrics.deleted_files.labels(request.action).inc(data["files_deleted"])
+        self.metrics.deleted_bytes.labels(request.action).inc(data["bytes_deleted"])
+        if data["failed"]:
+            row.error = f"could not delete {len(data['failed'])} files, e.g. {data['failed'][0]}"
+            return PARTIAL
+        return SUCCEEDED if changed else NOOP
+
+    def _compact(
+        self,
+        table: Table,
+        request: Request,
+        section: CompactAction,
+        options: RewriteOptions,
+        row: RunRow,
+    ) -> str:
+        """Compact the table; the outcome."""
+        result = compact(table, request.table, options, stop=self.stopping)
+        data = result.to_dict()
+        row.input_files, row.input_bytes = data["rewritten_files"], data["rewritten_bytes"]
+        row.output_files, row.output_bytes = data["added_files"], data["added_bytes"]
+        row.snapshot_ids = data["snapshot_ids"]
+        row.conflicts = sum(1 for f in result.failures if f.kind == "conflict")
+        errors = [f for f in result.failures if f.kind == "error"]
+        if errors:
+            row.error = f"group {errors[0].group_id}: {errors[0].reason}"
+        self.metrics.rewritten_files.inc(row.input_files)
+        self.metrics.rewritten_bytes.inc(row.input_bytes)
+        self.metrics.added_files.inc(row.output_files)
+        self.metrics.commit_conflicts.inc(row.conflicts)
+        if result.snapshot_ids:  # show the table as it is now, not as it was before the run
+            table.refresh()
+            self._score(table, request.table, request.job, options, section)
+        if result.stopped:
+            return CANCELLED
+        if not result.plan.groups:
+            return NOOP
+        if result.snapshot_ids:
+            return PARTIAL if result.failures else SUCCEEDED
+        return FAILED if errors else CONFLICT

@@ -1,0 +1,101 @@
+"""Every file a table's metadata can reach: the ground truth for deciding what may be deleted."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from pyiceberg.manifest import DataFileContent, ManifestFile
+from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Snapshot
+
+from compactor.storage.paths import UnsafePathError, location_key
+
+MANIFEST_READERS = 8
+
+MANIFEST_LIST = "manifest_lists"
+MANIFEST = "manifests"
+STATISTICS = "statistics"
+CONTENT_KINDS = {
+    DataFileContent.DATA: "data_files",
+    DataFileContent.POSITION_DELETES: "position_delete_files",
+    DataFileContent.EQUALITY_DELETES: "equality_delete_files",
+}
+
+
+@dataclass(frozen=True)
+class FileRef:
+    """A file named by table metadata: its kind and, when the metadata says, its size."""
+
+    location: str
+    kind: str
+    size: int | None
+
+
+@dataclass
+class References:
+    """Files reachable from a set of snapshots, keyed by the location the metadata spells."""
+
+    files: dict[str, FileRef] = field(default_factory=dict)
+
+    def add(self, location: str, kind: str, size: int | None) -> None:
+        self.files.setdefault(location, FileRef(location, kind, size))
+
+    def all(self) -> set[str]:
+        return set(self.files)
+
+    def keys(self) -> set[str]:
+        """Comparable keys (see :func:`compactor.storage.paths.location_key`) of every reachable file.
+
+        A location that cannot be normalised is kept verbatim, so it still protects its file.
+        """
+        keys = set()
+        for location in self.files:
+            try:
+                keys.add(location_key(location))
+            except UnsafePathError:
+                keys.add(location)
+        return keys
+
+
+def table_references(table: Table, snapshots: Iterable[Snapshot] | None = None) -> References:
+    """Files reachable from ``snapshots`` (default: every snapshot in the table's metadata).
+
+    Live entries (ADDED, EXISTING) count: a DELETED entry is not part of its snapshot, and a
+    retained parent that still reads that file lists it as live itself. Statistics and
+    partition-statistics files the metadata lists count unless they belong to a snapshot of the
+    table left out of ``snapshots`` (an expiry drops those entries with their snapshots): a
+    file the metadata lists, even for a snapshot it no longer has, is never garbage.
+    """
+    refs = References()
+    metadata, io = table.metadata, table.io
+    chosen = list(metadata.snapshots if snapshots is None else snapshots)
+    ids = {s.snapshot_id for s in chosen}
+    manifests: dict[str, ManifestFile] = {}
+    for snapshot in chosen:
+        refs.add(snapshot.manifest_list, MANIFEST_LIST, None)
+        for manifest in snapshot.manifests(io):
+            manifests.setdefault(manifest.manifest_path, manifest)
+    for manifest in manifests.values():
+        refs.add(manifest.manifest_path, MANIFEST, manifest.manifest_length)
+    known = {s.snapshot_id for s in metadata.snapshots}
+    for stats in [*metadata.statistics, *metadata.partition_statistics]:
+        if stats.snapshot_id in ids or stats.snapshot_id not in known:
+            refs.add(stats.statistics_path, STATISTICS, stats.file_size_in_bytes)
+
+    def entries(manifest: ManifestFile) -> list[FileRef]:
+        return [
+            FileRef(
+                e.data_file.file_path,
+                CONTENT_KINDS[e.data_file.content],
+                e.data_file.file_size_in_bytes,
+            )
+            for e in manifest.fetch_manifest_entry(io, discard_deleted=True)
+        ]
+
+    with ThreadPoolExecutor(MANIFEST_READERS) as pool:
+        for found in pool.map(entries, manifests.values()):
+            for ref in found:
+                refs.add(ref.location, ref.kind, ref.size)
+    return refs

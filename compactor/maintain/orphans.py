@@ -1,0 +1,213 @@
+"""Find and delete files under a table's location that no metadata of the table references.
+
+Order matters for safety: storage is listed first, then the run record is read, then the table
+is refreshed and its references and the other tables of its catalog are read, so a file
+recorded, committed or claimed by a table in between is seen. Files younger than the cut-off
+(default 3 days) are never deleted, which protects commits still in flight; a cut-off less than
+``MIN_ORPHAN_AGE_MS`` (1 day) ago must be allowed explicitly. Every file a run record lists
+(``metadata/compactor-run.{0,1}.json``, live or abandoned) is kept: the next compaction run
+cleans up after an abandoned one. Paths are compared as location keys (``s3a``/``s3n``/``s3``,
+``file:`` forms and percent-encoding made equal). Symlinks, odd locations, anything outside the
+table's location and anything under another table's location (:mod:`compactor.maintain.guards`) are
+refused; so are tables with ``gc.enabled=false``. The intent files of a run that has a record
+(``metadata/compactor-intent-<run id>-*``) and the files they list are kept like the record's.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyiceberg.catalog import Catalog
+from pyiceberg.table import Table
+
+from compactor.commit.inflight import RECORD_SLOTS, read_record, recorded_files
+from compactor.durations import DAY_MS, format_duration, format_time, parse_cutoff
+from compactor.errors import UsageError
+from compactor.iceberg.references import FileRef, table_references
+from compactor.maintain.expire import DeletionReport, delete_unreachable
+from compactor.maintain.guards import (
+    REMOVE_ORPHANS,
+    check_gc_enabled,
+    other_tables_fences,
+    tables_in_listing,
+)
+from compactor.options import MIN_ORPHAN_AGE_MS
+from compactor.storage.listing import StoredFile, list_files
+from compactor.storage.paths import UnsafePathError, is_within, location_key
+
+DEFAULT_ORPHAN_AGE_MS = 3 * DAY_MS
+ORPHAN_DATA = "data_files"
+ORPHAN_METADATA = "metadata_files"
+
+
+def _protected_metadata(table: Table) -> set[str]:
+    """Metadata the table uses that no snapshot lists: table metadata files and run records."""
+    location = table.metadata.location.rstrip("/")
+    paths = {table.metadata_location, *(e.metadata_file for e in table.metadata.metadata_log)}
+    paths |= {f"{location}/metadata/{name}" for name in RECORD_SLOTS}
+    paths.add(f"{location}/metadata/version-hint.text")
+    return {location_key(p) for p in paths}
+
+
+def _run_record_files(table: Table) -> set[str]:
+    """Keys of every file the table's run record covers, whether its run is live or not.
+
+    That is every file the record lists, every intent file of a run the record names
+    (:mod:`compactor.rewrite.intent`), and every file those list. A slot torn by a crash is skipped
+    (:func:`compactor.commit.inflight.read_record`): a run records each file before creating it, so
+    the intact slot lists every file that exists. Intent files of runs no record names are
+    ordinary files: orphans once older than the cut-off.
+    """
+    record = read_record(table)
+    files, intents = recorded_files(table, record) if record is not None else ([], [])
+    keys = set()
+    for path in [*files, *intents]:
+        try:
+            keys.add(location_key(path))
+        except UnsafePathError:
+            keys.add(path)
+    return keys
+
+
+@dataclass
+class OrphanScan:
+    """What a listing of the table's location found."""
+
+    listed: int = 0
+    orphans: list[FileRef] = field(default_factory=list)
+    too_young: int = 0
+    refused: list[str] = field(default_factory=list)
+    in_run_record: int = 0
+    other_tables: Counter[str] = field(default_factory=Counter)  # owning table -> files
+
+
+def _kind(location: str, table_location: str) -> str:
+    inside_metadata = location_key(location).startswith(
+        location_key(table_location.rstrip("/") + "/metadata") + "/"
+    )
+    return ORPHAN_METADATA if inside_metadata else ORPHAN_DATA
+
+
+def find_orphans(table: Table, cutoff_ms: int, *, catalog: Catalog | None = None) -> OrphanScan:
+    """List the table's location, then compare with everything its metadata references.
+
+    ``catalog`` (default: the one the table was loaded from) is listed for the other tables'
+    locations, which are never swept.
+    """
+    listing: list[StoredFile] = list(list_files(table.io, table.metadata.location))
+    # The run record (and its runs' intent files) before the metadata: a run records each file
+    # before creating it, and releases its record only after committing or deleting its files,
+    # so a listed file is in one or the other.
+    recorded = _run_record_files(table)
+    table.refresh()
+    identifier = ".".join(table.name())
+    check_gc_enabled(table, identifier, REMOVE_ORPHANS)
+    fences = other_tables_fences(catalog or table.catalog, table, identifier, sweep=True)
+    tables_in_listing(table, (stored.location for stored in listing), fences)
+    referenced = table_references(table).keys() | _protected_metadata(table)
+    scan = OrphanScan(listed=len(listing))
+    for stored in listing:
+        try:
+            key = location_key(stored.location)
+        except UnsafePathError:
+            scan.refused.append(stored.location)
+            continue
+        if stored.symlink or not is_within(stored.location, table.metadata.location):
+            scan.refused.append(stored.location)
+        elif (owner := fences.owner(stored.location)) is not None:
+            scan.other_tables[owner] += 1
+        elif key in referenced:
+            continue
+        elif key in recorded:
+            scan.in_run_record += 1
+        elif stored.mtime_ms >= cutoff_ms:
+            scan.too_young += 1
+        else:
+            kind = _kind(stored.location, table.metadata.location)
+            scan.orphans.append(FileRef(stored.location, kind, stored.size))
+    return scan
+
+
+@dataclass
+class OrphanResult:
+    """What ``compactor orphans`` did; ``to_dict`` is its ``--json`` output."""
+
+    table: str
+    dry_run: bool
+    cutoff_ms: int
+    scan: OrphanScan
+    report: DeletionReport
+    duration_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "table": self.table,
+            "dry_run": self.dry_run,
+            "older_than_ms": self.cutoff_ms,
+            "listed_files": self.scan.listed,
+            "orphan_files": len(self.scan.orphans),
+            "skipped_too_young": self.scan.too_young,
+            "skipped_in_run_record": self.scan.in_run_record,
+            "skipped_other_tables": dict(sorted(self.scan.other_tables.items())),
+            "refused": self.scan.refused,
+            **self.report.to_dict(),
+            "orphans": [ref.location for ref in self.scan.orphans] if self.dry_run else [],
+            "duration_s": round(self.duration_s, 3),
+        }
+
+
+FLOOR_REASON = (
+    f"the {format_duration(MIN_ORPHAN_AGE_MS)} safety floor of orphan removal (files of commits "
+    "and compaction runs in flight could be deleted)"
+)
+
+
+def orphan_cutoff(older_than: str | None, now_ms: int, *, allow_short: bool = False) -> int:
+    """The cut-off for ``--older-than`` (default: 3 days ago).
+
+    Less than ``MIN_ORPHAN_AGE_MS`` ago is a usage error unless ``allow_short``.
+    """
+    if older_than is None:
+        return now_ms - DEFAULT_ORPHAN_AGE_MS
+    cutoff = parse_cutoff(older_than, "--older-than", now_ms)
+    if cutoff > now_ms - MIN_ORPHAN_AGE_MS and not allow_short:
+        raise UsageError(
+            f"--older-than {older_than} is below {FLOOR_REASON}; add --allow-short-older-than "
+            "to go below it"
+        )
+    return cutoff
+
+
+def remove_orphans(
+    table: Table,
+    identifier: str,
+    cutoff_ms: int,
+    *,
+    catalog: Catalog | None = None,
+    dry_run: bool = False,
+    allow_short_older_than: bool = False,
+    clock: Callable[[], float] = time.time,
+) -> OrphanResult:
+    """Delete (or list, when ``dry_run``) the table's orphan files older than ``cutoff_ms``.
+
+    ``catalog`` (default: the one the table was loaded from) is listed so that no other table's
+    location is swept. A cut-off less than ``MIN_ORPHAN_AGE_MS`` before ``clock()`` needs
+    ``allow_short_older_than``.
+    """
+    started = time.monotonic()
+    now_ms = int(clock() * 1000)
+    if cutoff_ms > now_ms - MIN_ORPHAN_AGE_MS and not allow_short_older_than:
+        raise UsageError(
+            f"table {identifier}: orphan cut-off {format_time(cutoff_ms)} is less than "
+            f"{format_duration(MIN_ORPHAN_AGE_MS)} ago, below {FLOOR_REASON}; pass "
+            "allow_short_older_than=True (--allow-short-older-than) to allow it"
+        )
+    check_gc_enabled(table, identifier, REMOVE_ORPHANS)
+    scan = find_orphans(table, cutoff_ms, catalog=catalog)
+    report = DeletionReport()
+    delete_unreachable(table, scan.orphans, dry_run=dry_run, report=report)
+    return OrphanResult(identifier, dry_run, cutoff_ms, scan, report, time.monotonic() - started)

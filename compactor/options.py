@@ -1,0 +1,328 @@
+"""Every default in one place, and how flags and Iceberg table properties combine into options.
+
+Precedence: an option given (a flag, a job file key, a keyword argument), then the table's
+Iceberg property, then the default below. Errors name options as the library spells them
+(``target_file_size``); the command line shows its flags instead.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    ValidationError,
+    ValidationInfo,
+    model_validator,
+)
+
+from compactor.durations import DAY_MS
+from compactor.errors import ConfigError, UsageError, first_line
+from compactor.sizes import format_size, format_size_exact, parse_size
+
+MiB = 2**20
+GiB = 2**30
+
+# Output file size: S3 Tables allows 64 MB to 512 MB; Iceberg's own default is 512 MiB.
+DEFAULT_TARGET_FILE_SIZE = 512 * MiB
+MIN_TARGET_FILE_SIZE = 64 * 10**6
+MAX_TARGET_FILE_SIZE = 512 * MiB
+# A data file is a candidate when under 75% or over 180% of the target (as in Iceberg Java).
+MIN_FILE_SIZE_RATIO = 0.75
+MAX_FILE_SIZE_RATIO = 1.80
+DEFAULT_MIN_INPUT_FILES = 5
+DEFAULT_DELETE_FILE_THRESHOLD = 1
+DEFAULT_MAX_GROUP_SIZE = 100 * GiB
+DEFAULT_ROW_GROUP_SIZE = 128 * MiB
+# Compressed input bytes each group may have read ahead of the writer (bounds memory per worker).
+DEFAULT_READ_AHEAD = 64 * MiB
+# Files at least this large are streamed batch by batch instead of being read ahead whole.
+STREAM_FILE_THRESHOLD = 16 * MiB
+# A container's CPU limit under cgroup v2: "max 100000" or "<quota> <period>".
+CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
+# Partial progress: 0 = one commit at the end (all or nothing); otherwise commit every N groups,
+# in at most DEFAULT_MAX_COMMITS commits (as Iceberg's partial-progress.max-commits).
+DEFAULT_COMMIT_EVERY = 0
+DEFAULT_MAX_COMMITS = 10
+# A run's lease on a table lasts this long without a heartbeat (heartbeats come every third).
+DEFAULT_LEASE_TTL_S = 600.0
+# Where groups are rewritten: threads of this process, or tasks on a Ray cluster (compactor[ray]).
+EXECUTORS = ("threads", "ray")
+DEFAULT_EXECUTOR = "threads"
+# Orphan removal never deletes files younger than this unless explicitly allowed
+# (--allow-short-older-than): a commit or a compaction run in flight may still need them.
+# Spark's remove_orphan_files defaults to 3 days, Trino refuses less than 7 days by default.
+MIN_ORPHAN_AGE_MS = DAY_MS
+
+TARGET_FILE_SIZE_PROPERTY = "write.target-file-size-bytes"
+ROW_GROUP_SIZE_PROPERTY = "write.parquet.row-group-size-bytes"
+
+SNAPSHOT_PROPERTY_TOOL = "compactor.version"
+
+PYICEBERG_CONFIG_FILE = ".pyiceberg.yaml"
+FILTER_EXAMPLE = "region = 'eu' and event_id >= 100"
+
+
+def default_parallelism() -> int:
+    """Groups rewritten at once: one per core this process may use.
+
+    That is the CPU affinity, capped by a cgroup v2 CPU quota (a container's CPU limit), not the
+    machine's core count.
+    """
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = cores or 1
+    try:
+        quota, period = CGROUP_CPU_MAX.read_text().split()
+        if quota != "max":
+            cores = min(cores, math.ceil(int(quota) / int(period)))
+    except (OSError, ValueError):
+        pass
+    return max(1, cores)
+
+
+@dataclass(frozen=True)
+class RewriteOptions:
+    """Options of one compaction run, after flags and table properties are resolved."""
+
+    target_file_size: int = DEFAULT_TARGET_FILE_SIZE
+    min_input_files: int = DEFAULT_MIN_INPUT_FILES
+    delete_file_threshold: int = DEFAULT_DELETE_FILE_THRESHOLD
+    max_group_size: int = DEFAULT_MAX_GROUP_SIZE
+    row_group_size: int = DEFAULT_ROW_GROUP_SIZE
+    read_ahead: int = DEFAULT_READ_AHEAD
+    parallelism: int | None = 1  # None: as many as the Ray cluster schedules
+    where: str | None = None
+    commit_every: int = DEFAULT_COMMIT_EVERY
+    max_commits: int = DEFAULT_MAX_COMMITS
+    lease_ttl_s: float = DEFAULT_LEASE_TTL_S
+    executor: str = DEFAULT_EXECUTOR
+    ray_address: str | None = None
+
+    @property
+    def partial_progress(self) -> bool:
+        """Commit in batches, and let a failed group fail alone."""
+        return self.commit_every > 0
+
+    def commit_batch_size(self, groups: int) -> int:
+        """Groups per commit: all at once, or every N within the commit limit."""
+        if not self.partial_progress:
+            return max(groups, 1)
+        return max(self.commit_every, -(-groups // self.max_commits))
+
+    @property
+    def min_file_size(self) -> int:
+        """Files below this size are candidates."""
+        return int(self.target_file_size * MIN_FILE_SIZE_RATIO)
+
+    @property
+    def max_file_size(self) -> int:
+        """Files above this size are candidates (they are split)."""
+        return int(self.target_file_size * MAX_FILE_SIZE_RATIO)
+
+
+def _int_property(properties: dict[str, str], name: str, table: str) -> int | None:
+    if name not in properties:
+        return None
+    try:
+        return int(properties[name])
+    except ValueError:
+        raise ConfigError(
+            f"table {table}: property {name}={properties[name]!r} is not an integer"
+        ) from None
+
+
+def pyiceberg_config_file() -> Path | None:
+    """The configuration file pyiceberg reads: first of $PYICEBERG_HOME, ~, the current directory."""
+    for directory in (os.environ.get("PYICEBERG_HOME"), os.path.expanduser("~"), os.getcwd()):
+        if directory and (Path(directory) / PYICEBERG_CONFIG_FILE).is_file():
+            return Path(directory) / PYICEBERG_CONFIG_FILE
+    return None
+
+
+def check_pyiceberg_config() -> None:
+    """Fail with one line naming the file and line when pyiceberg's configuration is unreadable.
+
+    pyiceberg reads it when its catalog module is first imported and fails there with a long
+    parser trace, so this runs first. Imports only pyiceberg's light config module.
+    """
+    from pyiceberg.utils.config import Config
+
+    try:
+        Config()
+    except Exception as exc:  # strictyaml, OSError, or ValueError for clashing variables
+        problem = getattr(exc, "problem", None) or first_line(exc)
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        source = pyiceberg_config_file() or "PYICEBERG_* environment variables"
+        raise ConfigError(f"{source}: {problem}{where}") from exc
+
+
+def check_filter_syntax(where: str) -> None:
+    """Fail with one line when ``where`` is not a filter expression pyiceberg can parse.
+
+    Columns are checked later, against the table's schema, by the planner.
+    """
+    from pyiceberg.expressions.parser import parse
+
+    try:
+        parse(where)
+    except Exception as exc:  # pyparsing's ParseException, or a literal that does not convert
+        column = getattr(exc, "col", None)
+        at = f" at column {column}" if isinstance(column, int) and column > 1 else ""
+        raise UsageError(
+            f'where {where!r}: not a valid filter{at} (example: "{FILTER_EXAMPLE}")', "where"
+        ) from None
+
+
+class _OptionValueError(ValueError):
+    """A shared parser's UsageError, carried through pydantic so callers get it back whole."""
+
+    def __init__(self, usage: UsageError, *, names_itself: bool = False) -> None:
+        # A field's error drops its "option: " prefix: pydantic reports where the value was.
+        super().__init__(str(usage) if names_itself else str(usage).split(": ", 1)[-1])
+        self.usage = usage
+
+
+def checked(check: Callable[[Any, str], object]) -> AfterValidator:
+    """A pydantic validator running ``check(value, option_name)``, a parser raising UsageError."""
+
+    def run(value: Any, info: ValidationInfo) -> Any:
+        try:
+            check(value, info.field_name or "value")
+        except UsageError as exc:
+            raise _OptionValueError(exc) from None
+        return value
+
+    return AfterValidator(run)
+
+
+def _at_least(minimum: int, meaning: str = "") -> AfterValidator:
+    def check(value: int, option: str) -> None:
+        if value < minimum:
+            raise UsageError(
+                f"{option}: must be {meaning or f'at least {minimum}'}, got {value}", option
+            )
+
+    return checked(check)
+
+
+Size = Annotated[str, checked(parse_size)]
+Filter = Annotated[str, checked(lambda value, _: check_filter_syntax(value))]
+
+
+class CompactOptions(BaseModel):
+    """The options of a compaction one can give — by keyword, flag or job-file key; None = not given.
+
+    Declared once here: the library, the command line and job files all validate with it.
+    :func:`resolve_options` combines them with the table's properties into RewriteOptions.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    target_file_size: Size | None = None
+    allow_small_target: bool = False
+    min_input_files: Annotated[int, _at_least(1)] = DEFAULT_MIN_INPUT_FILES
+    delete_file_threshold: Annotated[int, _at_least(1)] = DEFAULT_DELETE_FILE_THRESHOLD
+    max_group_size: Size | None = None
+    parallelism: Annotated[int, _at_least(1)] | None = None
+    where: Filter | None = None
+    commit_every: Annotated[int, _at_least(0, "0 (off) or more")] = DEFAULT_COMMIT_EVERY
+    max_commits: Annotated[int, _at_least(1)] = DEFAULT_MAX_COMMITS
+    executor: Literal["threads", "ray"] = DEFAULT_EXECUTOR
+    ray_address: str | None = None
+
+    @model_validator(mode="after")
+    def _ray_address_needs_ray(self) -> CompactOptions:
+        address = self.ray_address
+        if address is not None and (self.executor != "ray" or not address.strip()):
+            problem = "is empty" if self.executor == "ray" else "is only used with executor 'ray'"
+            usage = UsageError(f"ray_address {address!r}: {problem}", "ray_address", "executor")
+            raise _OptionValueError(usage, names_itself=True)
+        return self
+
+    def given(self) -> dict[str, Any]:
+        """The options as keyword arguments of :func:`resolve_options`."""
+        return {name: getattr(self, name) for name in CompactOptions.model_fields}
+
+
+def compact_options(**options: Any) -> CompactOptions:
+    """Validate option keywords; the first problem is a UsageError naming the option."""
+    try:
+        return CompactOptions(**options)
+    except ValidationError as exc:
+        error = exc.errors(include_url=False)[0]
+        cause = (error.get("ctx") or {}).get("error")
+        name = str(error["loc"][0]) if error["loc"] else "options"
+        if isinstance(cause, _OptionValueError):
+            usage = cause.usage
+            raise (usage if usage.options else UsageError(str(usage), name)) from None
+        if error["type"] == "extra_forbidden":
+            known = ", ".join(CompactOptions.model_fields)
+            raise UsageError(f"{name}: unknown option (options: {known})", name) from None
+        if error["type"] == "literal_error" and name == "executor":
+            allowed = ", ".join(map(repr, EXECUTORS))
+            message = f"executor {options[name]!r}: must be one of {allowed}"
+            raise UsageError(message, name) from None
+        message = error["msg"].removeprefix("Value error, ")
+        raise UsageError(f"{name}: {message}", name) from None
+
+
+def resolve_options(table: str, table_properties: dict[str, str], **options: Any) -> RewriteOptions:
+    """Combine options (see :class:`CompactOptions`) with the table's properties into RewriteOptions.
+
+    Errors are :class:`UsageError` naming the option (``target_file_size: ...``), or
+    :class:`ConfigError` naming the table property at fault.
+    """
+    given = compact_options(**options)
+    error: type[UsageError]
+    if given.target_file_size is not None:
+        target = parse_size(given.target_file_size)
+        source, error = f"target_file_size {given.target_file_size!r}", UsageError
+    else:
+        property_target = _int_property(table_properties, TARGET_FILE_SIZE_PROPERTY, table)
+        target = DEFAULT_TARGET_FILE_SIZE if property_target is None else property_target
+        source = f"table {table}: property {TARGET_FILE_SIZE_PROPERTY}={target}"
+        error = ConfigError
+    too_small = target < MIN_TARGET_FILE_SIZE and not given.allow_small_target
+    if target <= 0 or too_small or target > MAX_TARGET_FILE_SIZE:
+        allowed = (
+            f"{format_size_exact(MIN_TARGET_FILE_SIZE)}..{format_size_exact(MAX_TARGET_FILE_SIZE)}"
+        )
+        raise error(
+            f"{source} ({format_size(target)}) is outside the allowed range {allowed}"
+            + (" (smaller only with allow_small_target)" if too_small else ""),
+            "target_file_size",
+            "allow_small_target",
+        )
+    group = DEFAULT_MAX_GROUP_SIZE
+    if given.max_group_size:
+        group = parse_size(given.max_group_size)
+    if group < target:
+        raise UsageError(
+            f"max_group_size: {format_size(group)} is below the target file size", "max_group_size"
+        )
+    # Threads default to this process's cores; a Ray cluster schedules by its own resources.
+    workers = given.parallelism
+    if workers is None and given.executor == "threads":
+        workers = default_parallelism()
+    row_group = _int_property(table_properties, ROW_GROUP_SIZE_PROPERTY, table)
+    return RewriteOptions(
+        target_file_size=target,
+        min_input_files=given.min_input_files,
+        delete_file_threshold=given.delete_file_threshold,
+        max_group_size=group,
+        row_group_size=row_group if row_group and row_group > 0 else DEFAULT_ROW_GROUP_SIZE,
+        parallelism=workers,
+        where=given.where,
+        commit_every=given.commit_every,
+        max_commits=given.max_commits,
+        executor=given.executor,
+        ray_address=given.ray_address,
+    )

@@ -1,0 +1,178 @@
+"""Describe a table's file layout: how fragmented it is, per table and per partition."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyiceberg.manifest import DataFileContent, ManifestFile
+from pyiceberg.table import Table
+
+from compactor.options import MIN_FILE_SIZE_RATIO
+
+
+@dataclass
+class PartitionHealth:
+    partition: str
+    data_files: int = 0
+    data_bytes: int = 0
+    small_files: int = 0
+    small_bytes: int = 0
+    records: int = 0
+
+    def add(self, other: PartitionHealth) -> None:
+        self.data_files += other.data_files
+        self.data_bytes += other.data_bytes
+        self.small_files += other.small_files
+        self.small_bytes += other.small_bytes
+        self.records += other.records
+
+
+@dataclass
+class FileCounts:
+    """File counts and sizes of some manifests: one manifest's, or a whole snapshot's."""
+
+    data_files: int = 0
+    data_bytes: int = 0
+    records: int = 0
+    small_files: int = 0
+    small_bytes: int = 0
+    position_delete_files: int = 0
+    equality_delete_files: int = 0
+    partitions: dict[str, PartitionHealth] = field(default_factory=dict)
+
+    def add(self, other: FileCounts) -> None:
+        """Add ``other``'s counts to these."""
+        self.data_files += other.data_files
+        self.data_bytes += other.data_bytes
+        self.records += other.records
+        self.small_files += other.small_files
+        self.small_bytes += other.small_bytes
+        self.position_delete_files += other.position_delete_files
+        self.equality_delete_files += other.equality_delete_files
+        for name, part in other.partitions.items():
+            self.partitions.setdefault(name, PartitionHealth(name)).add(part)
+
+
+@dataclass
+class TableHealth(FileCounts):
+    """File counts and sizes of a table's current snapshot."""
+
+    table: str = ""
+    snapshot_id: int | None = None
+    target_file_size: int = 0
+    snapshots: int = 0
+
+    @property
+    def average_file_size(self) -> float:
+        return self.data_bytes / self.data_files if self.data_files else 0.0
+
+    @property
+    def delete_files(self) -> int:
+        return self.position_delete_files + self.equality_delete_files
+
+    def mergeable_small_files(self, min_input_files: int) -> tuple[int, int]:
+        """Files and bytes of small files in partitions holding ``min_input_files`` or more."""
+        parts = [p for p in self.partitions.values() if p.small_files >= max(min_input_files, 2)]
+        return sum(p.small_files for p in parts), sum(p.small_bytes for p in parts)
+
+    def worst_partitions(self, top: int) -> list[PartitionHealth]:
+        return sorted(self.partitions.values(), key=lambda p: (-p.small_files, p.partition))[:top]
+
+    def to_dict(self, top: int = 10) -> dict[str, Any]:
+        return {
+            "table": self.table,
+            "snapshot_id": self.snapshot_id,
+            "snapshots": self.snapshots,
+            "target_file_size": self.target_file_size,
+            "data_files": self.data_files,
+            "data_bytes": self.data_bytes,
+            "records": self.records,
+            "average_file_size": round(self.average_file_size),
+            "small_files": self.small_files,
+            "small_bytes": self.small_bytes,
+            "position_delete_files": self.position_delete_files,
+            "equality_delete_files": self.equality_delete_files,
+            "partitions": len(self.partitions),
+            "worst_partitions": [vars(p) for p in self.worst_partitions(top)],
+        }
+
+
+class ManifestCache:
+    """Counts per manifest file, so that a rescan reads only manifests it has not seen.
+
+    Manifest files are immutable, so counts keyed by path (and the small-file threshold) never
+    go stale; :func:`table_health` keeps only the entries of the snapshot it last read.
+    """
+
+    def __init__(self) -> None:
+        self._counts: dict[tuple[str, int], FileCounts] = {}
+        self.manifests_read = 0
+
+    def counts(self, table: Table, manifest: ManifestFile, small: int) -> FileCounts:
+        key = (manifest.manifest_path, small)
+        if key not in self._counts:
+            self._counts[key] = _manifest_counts(table, manifest, small)
+            self.manifests_read += 1
+        return self._counts[key]
+
+    def retain(self, keys: set[tuple[str, int]]) -> None:
+        self._counts = {key: value for key, value in self._counts.items() if key in keys}
+
+
+def _manifest_counts(table: Table, manifest: ManifestFile, small: int) -> FileCounts:
+    counts = FileCounts()
+    specs, schema = table.metadata.specs(), table.schema()
+    for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+        data_file = entry.data_file
+        if data_file.content == DataFileContent.POSITION_DELETES:
+            counts.position_delete_files += 1
+            continue
+        if data_file.content == DataFileContent.EQUALITY_DELETES:
+            counts.equality_delete_files += 1
+            continue
+        spec = specs[data_file.spec_id]
+        name = (
+            spec.partition_to_path(data_file.partition, schema)
+            if not spec.is_unpartitioned()
+            else ""
+        ) or "(unpartitioned)"
+        part = counts.partitions.setdefault(name, PartitionHealth(name))
+        size = data_file.file_size_in_bytes
+        counts.data_files += 1
+        counts.data_bytes += size
+        counts.records += data_file.record_count
+        part.data_files += 1
+        part.data_bytes += size
+        part.records += data_file.record_count
+        if size < small:
+            counts.small_files += 1
+            counts.small_bytes += size
+            part.small_files += 1
+            part.small_bytes += size
+    return counts
+
+
+def table_health(
+    table: Table, identifier: str, target_file_size: int, cache: ManifestCache | None = None
+) -> TableHealth:
+    """Summarise the current snapshot's files against the target, reading its manifests.
+
+    With ``cache``, manifests read by an earlier call are not read again.
+    """
+    snapshot = table.current_snapshot()
+    health = TableHealth(
+        table=identifier,
+        snapshot_id=snapshot.snapshot_id if snapshot else None,
+        target_file_size=target_file_size,
+        snapshots=len(table.metadata.snapshots),
+    )
+    if snapshot is None:
+        return health
+    small = int(target_file_size * MIN_FILE_SIZE_RATIO)
+    cache = cache or ManifestCache()
+    manifests = snapshot.manifests(table.io)
+    for manifest in manifests:
+        health.add(cache.counts(table, manifest, small))
+    cache.retain({(m.manifest_path, small) for m in manifests})
+    return health

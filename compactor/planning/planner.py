@@ -1,0 +1,343 @@
+"""Plan a compaction: read the snapshot's manifests, pick candidate files, bin-pack them.
+
+A :class:`Plan` names the snapshot it was made from, every input file with the position deletes
+that apply to it, and the groups to rewrite. It stays in the driver: besides the groups it keeps
+what only the commit needs (manifest entries, the start snapshot's manifests, which data files
+each delete file applies to). What leaves the driver are :class:`compactor.planning.tasks.RewriteTask`
+objects made from its groups.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyiceberg.expressions import AlwaysTrue, BooleanExpression
+from pyiceberg.expressions.parser import parse as parse_filter
+from pyiceberg.expressions.visitors import bind
+from pyiceberg.manifest import (
+    INITIAL_SEQUENCE_NUMBER,
+    DataFile,
+    DataFileContent,
+    ManifestEntry,
+    ManifestFile,
+)
+from pyiceberg.partitioning import PartitionSpec
+from pyiceberg.table import Table
+from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.transforms import VoidTransform
+from pyiceberg.typedef import Record
+
+from compactor.errors import UnsupportedTableError, UsageError, first_line
+from compactor.iceberg.pyiceberg_compat import DeleteFileIndex, FilePruner
+from compactor.options import RewriteOptions
+
+MANIFEST_READERS = 8
+
+
+@dataclass(frozen=True)
+class TaskInput:
+    """One input data file, its data sequence number and the position deletes that apply to it."""
+
+    data_file: DataFile
+    data_sequence_number: int
+    delete_files: tuple[DataFile, ...] = ()
+
+    @property
+    def path(self) -> str:
+        return self.data_file.file_path
+
+    @property
+    def size(self) -> int:
+        return self.data_file.file_size_in_bytes
+
+
+@dataclass(frozen=True)
+class InputFile(TaskInput):
+    """A task input as the driver sees it: also where its manifest entry is, for the commit."""
+
+    manifest_path: str = ""
+    entry: ManifestEntry | None = None
+
+
+@dataclass
+class FileGroup:
+    """Files of one partition (of one spec) rewritten together into target-size files."""
+
+    group_id: int
+    spec_id: int
+    partition: Record
+    partition_path: str
+    files: list[InputFile]
+    target_file_size: int
+
+    @property
+    def input_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    @property
+    def input_records(self) -> int:
+        return sum(f.data_file.record_count for f in self.files)
+
+    @property
+    def delete_files(self) -> set[DataFile]:
+        return {d for f in self.files for d in f.delete_files}
+
+    @property
+    def expected_output_files(self) -> int:
+        return max(1, math.ceil(self.input_bytes / self.target_file_size))
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "group_id": self.group_id,
+            "spec_id": self.spec_id,
+            "partition": self.partition_path or "(unpartitioned)",
+            "input_files": len(self.files),
+            "input_bytes": self.input_bytes,
+            "input_records": self.input_records,
+            "delete_files": len(self.delete_files),
+            "expected_output_files": self.expected_output_files,
+        }
+
+
+@dataclass
+class Plan:
+    """What a run will rewrite, made from one snapshot of the table (``metadata``)."""
+
+    table: str
+    snapshot_id: int | None
+    sequence_number: int
+    format_version: int
+    options: RewriteOptions
+    metadata: TableMetadata
+    metadata_location: str
+    groups: list[FileGroup] = field(default_factory=list)
+    # Position delete files touching planned inputs -> every live data file they apply to.
+    delete_file_targets: dict[str, tuple[DataFile, frozenset[str]]] = field(default_factory=dict)
+    data_files_scanned: int = 0
+    # Every manifest of the start snapshot, and the live entries of those read while planning.
+    start_manifests: frozenset[str] = frozenset()
+    manifest_live_entries: dict[str, int] = field(default_factory=dict)
+    skipped: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+    @property
+    def input_files(self) -> int:
+        return sum(len(g.files) for g in self.groups)
+
+    def group(self, group_id: int) -> FileGroup:
+        """The group with ``group_id`` (a task's ``task_id``)."""
+        group = self.groups[group_id] if 0 <= group_id < len(self.groups) else None
+        if group is None or group.group_id != group_id:
+            group = next(g for g in self.groups if g.group_id == group_id)
+        return group
+
+    @property
+    def input_bytes(self) -> int:
+        return sum(g.input_bytes for g in self.groups)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "table": self.table,
+            "snapshot_id": self.snapshot_id,
+            "target_file_size": self.options.target_file_size,
+            "data_files_scanned": self.data_files_scanned,
+            "groups": [g.summary() for g in self.groups],
+            "input_files": self.input_files,
+            "input_bytes": self.input_bytes,
+            "expected_output_files": sum(g.expected_output_files for g in self.groups),
+            "skipped": dict(self.skipped),
+        }
+
+
+def parse_where(table: Table, where: str | None) -> BooleanExpression:
+    """Parse and bind a ``where`` filter against the table's schema, or fail clearly."""
+    if not where:
+        return AlwaysTrue()
+    try:
+        expression = parse_filter(where)
+        bind(table.schema(), expression, case_sensitive=True)
+    except Exception as exc:  # pyparsing and binding raise several unrelated types
+        raise UsageError(f"where {where!r}: {first_line(exc)}", "where") from None
+    return expression
+
+
+@dataclass
+class _ManifestScan:
+    data: list[tuple[ManifestEntry, str]] = field(default_factory=list)
+    live_entries: dict[str, int] = field(default_factory=dict)
+    position_deletes: DeleteFileIndex = field(default_factory=DeleteFileIndex)
+    equality_deletes: list[ManifestEntry] = field(default_factory=list)
+
+
+def _read_manifests(table: Table, manifests: Iterable[ManifestFile]) -> _ManifestScan:
+    io = table.io
+
+    def read(manifest: ManifestFile) -> tuple[ManifestFile, list[ManifestEntry]]:
+        return manifest, manifest.fetch_manifest_entry(io, discard_deleted=True)
+
+    scan = _ManifestScan()
+    with ThreadPoolExecutor(MANIFEST_READERS) as pool:
+        for manifest, entries in pool.map(read, manifests):
+            scan.live_entries[manifest.manifest_path] = len(entries)
+            for entry in entries:
+                content = entry.data_file.content
+                if content == DataFileContent.DATA:
+                    scan.data.append((entry, manifest.manifest_path))
+                elif content == DataFileContent.POSITION_DELETES:
+                    scan.position_deletes.add_delete_file(
+                        entry, partition_key=entry.data_file.partition
+                    )
+                else:
+                    scan.equality_deletes.append(entry)
+    return scan
+
+
+def is_unpartitioned(spec: PartitionSpec) -> bool:
+    """Whether ``spec`` partitions nothing: no fields, or only ``void`` ones (spec and Java).
+
+    pyiceberg's ``is_unpartitioned()`` counts fields only, but a v1 table whose partition
+    fields were dropped keeps them as ``void``; its equality deletes apply globally.
+    """
+    return all(isinstance(f.transform, VoidTransform) for f in spec.fields)
+
+
+def _equality_delete_checker(table: Table, entries: list[ManifestEntry]):
+    """Return f(data entry) -> True when an equality delete applies to that data file."""
+    specs = table.metadata.specs()
+    global_seqs: list[int] = []
+    by_partition: dict[tuple[int, Record], int] = {}
+    for entry in entries:
+        seq = entry.sequence_number or INITIAL_SEQUENCE_NUMBER
+        delete_file = entry.data_file
+        if is_unpartitioned(specs[delete_file.spec_id]):
+            global_seqs.append(seq)
+        else:
+            key = (delete_file.spec_id, delete_file.partition)
+            by_partition[key] = max(by_partition.get(key, seq), seq)
+    max_global = max(global_seqs, default=-1)
+
+    def applies(entry: ManifestEntry) -> bool:
+        seq = entry.sequence_number or INITIAL_SEQUENCE_NUMBER
+        key = (entry.data_file.spec_id, entry.data_file.partition)
+        return max_global > seq or by_partition.get(key, -1) > seq
+
+    return applies
+
+
+def _pack(files: list[InputFile], max_group_size: int) -> list[list[InputFile]]:
+    """Fill groups in write order up to ``max_group_size`` (keeps clustered data together)."""
+    bins: list[list[InputFile]] = [[]]
+    size = 0
+    for f in files:
+        if bins[-1] and size + f.size > max_group_size:
+            bins.append([])
+            size = 0
+        bins[-1].append(f)
+        size += f.size
+    return [b for b in bins if b]
+
+
+def plan_rewrite(table: Table, identifier: str, options: RewriteOptions) -> Plan:
+    """Plan the rewrite of ``table``'s current snapshot under ``options``."""
+    metadata = table.metadata
+    if metadata.format_version > 2:
+        raise UnsupportedTableError(
+            f"table {identifier}: format version {metadata.format_version} is not supported yet "
+            "(row lineage must be preserved); versions 1 and 2 are"
+        )
+    row_filter = parse_where(table, options.where)
+    snapshot = table.current_snapshot()
+    plan = Plan(
+        table=identifier,
+        snapshot_id=snapshot.snapshot_id if snapshot else None,
+        sequence_number=snapshot.sequence_number or INITIAL_SEQUENCE_NUMBER if snapshot else 0,
+        format_version=metadata.format_version,
+        options=options,
+        metadata=metadata,
+        metadata_location=table.metadata_location,
+    )
+    if snapshot is None:
+        return plan
+
+    pruner = FilePruner(metadata, row_filter)
+    all_manifests = snapshot.manifests(table.io)
+    plan.start_manifests = frozenset(m.manifest_path for m in all_manifests)
+    manifests = [m for m in all_manifests if pruner.manifest_may_match(m)]
+    scan = _read_manifests(table, manifests)
+    plan.manifest_live_entries = scan.live_entries
+    eq_delete_applies = _equality_delete_checker(table, scan.equality_deletes)
+
+    candidates: dict[tuple[int, Record], list[InputFile]] = defaultdict(list)
+    delete_targets: dict[str, set[str]] = defaultdict(set)
+    delete_by_path: dict[str, DataFile] = {}
+    for entry, manifest_path in scan.data:
+        data_file = entry.data_file
+        if not pruner.partition_may_match(data_file):
+            continue
+        seq = entry.sequence_number or INITIAL_SEQUENCE_NUMBER
+        deletes = scan.position_deletes.for_data_file(
+            seq, data_file, partition_key=data_file.partition
+        )
+        for delete_file in deletes:
+            delete_targets[delete_file.file_path].add(data_file.file_path)
+            delete_by_path[delete_file.file_path] = delete_file
+        plan.data_files_scanned += 1
+        if not pruner.file_may_match(data_file):
+            continue
+        size = data_file.file_size_in_bytes
+        wrong_size = size < options.min_file_size or size > options.max_file_size
+        if not (wrong_size or len(deletes) >= options.delete_file_threshold):
+            continue
+        if eq_delete_applies(entry):
+            plan.skipped["files_with_equality_deletes"] += 1
+            continue
+        key = (data_file.spec_id, data_file.partition)
+        candidates[key].append(InputFile(data_file, seq, tuple(deletes), manifest_path, entry))
+
+    specs = metadata.specs()
+    schema = metadata.schema()
+    groups: list[FileGroup] = []
+    for (spec_id, partition), files in candidates.items():
+        files.sort(key=lambda f: (f.data_sequence_number, f.path))
+        spec = specs[spec_id]
+        path = "" if is_unpartitioned(spec) else spec.partition_to_path(partition, schema)
+        for members in _pack(files, options.max_group_size):
+            group = FileGroup(0, spec_id, partition, path, members, options.target_file_size)
+            reason = _skip_reason(group, options)
+            if reason:
+                plan.skipped[reason] += 1
+            else:
+                groups.append(group)
+
+    # Most fragmented first: with partial progress, the worst partitions are committed first.
+    groups.sort(key=lambda g: (-len(g.files), -g.input_bytes, g.partition_path))
+    for number, group in enumerate(groups):
+        group.group_id = number
+    plan.groups = groups
+    planned = {f.path for g in groups for f in g.files}
+    plan.delete_file_targets = {
+        path: (delete_by_path[path], frozenset(targets))
+        for path, targets in delete_targets.items()
+        if targets & planned
+    }
+    return plan
+
+
+def _skip_reason(group: FileGroup, options: RewriteOptions) -> str | None:
+    """Why a group would not help (None when it should be rewritten)."""
+    too_large = any(f.size > options.max_file_size for f in group.files)
+    has_deletes = any(len(f.delete_files) >= options.delete_file_threshold for f in group.files)
+    if too_large or has_deletes:
+        return None
+    count = len(group.files)
+    if group.expected_output_files >= count:
+        return "groups_not_reducing_file_count"
+    enough_files = count >= options.min_input_files
+    enough_content = group.input_bytes >= options.target_file_size
+    if not (enough_files or enough_content):
+        return "groups_below_min_input_files"
+    return None

@@ -1,0 +1,196 @@
+"""Write a stream of record batches into Parquet data files that roll at the target size."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyiceberg.io import FileIO
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+from pyiceberg.schema import Schema
+from pyiceberg.table.locations import LocationProvider
+from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.typedef import Record
+
+from compactor.iceberg.pyiceberg_compat import (
+    PartitionPath,
+    file_statistics,
+    parquet_writer_kwargs,
+    to_write_batch,
+    write_schema,
+)
+
+# A file is closed once it is this close to the target; the next row group is sized to fill it.
+FILL_RATIO = 0.97
+MIN_ROW_GROUP_BYTES = 256 * 1024
+
+
+@dataclass
+class OutputSpec:
+    """Where and how a group's output files are written."""
+
+    metadata: TableMetadata
+    io: FileIO
+    locations: LocationProvider
+    spec_id: int
+    partition: Record
+    target_file_size: int
+    row_group_size: int
+    file_prefix: str
+
+
+@dataclass
+class _OpenFile:
+    path: str
+    stream: Any
+    writer: pq.ParquetWriter
+    raw_bytes: int = 0
+
+
+@dataclass
+class RollingParquetWriter:
+    """Accepts batches in the table's read schema; produces Iceberg DataFiles of ~target size.
+
+    Memory is bounded by one row group of buffered batches (``row_group_size`` bytes).
+    Paths of every file created are kept in ``created`` so a failed group can remove them.
+    """
+
+    out: OutputSpec
+    on_create: Callable[[str], None] | None = None
+    created: list[str] = field(default_factory=list)
+    data_files: list[DataFile] = field(default_factory=list)
+    records_written: int = 0
+    _buffer: list[pa.RecordBatch] = field(default_factory=list)
+    _buffered_bytes: int = 0
+    _file: _OpenFile | None = None
+    # Compressed bytes on disk per in-memory byte, learnt from what has been written so far.
+    _ratio: float = 0.0
+    _counter: int = 0
+
+    def __post_init__(self) -> None:
+        self._read_schema: Schema = self.out.metadata.schema()
+        self._file_schema, self._arrow_schema = write_schema(self.out.metadata)
+        self._properties = self.out.metadata.properties
+        self._writer_kwargs = parquet_writer_kwargs(self._properties)
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        """Buffer one batch; flush a row group when the buffer reaches its budget.
+
+        A batch larger than the room left in the budget is split, so that a row group (and so
+        the file it closes) does not overshoot by up to a whole batch: readers hand over whole
+        input files as one batch, often larger than the budget itself.
+        """
+        if batch.num_rows == 0:
+            return
+        batch = to_write_batch(batch, self._read_schema, self._file_schema)
+        if batch.schema != self._arrow_schema:
+            batch = batch.cast(self._arrow_schema)
+        while batch.num_rows:
+            budget = self._row_group_budget()
+            room = budget - self._buffered_bytes
+            if batch.nbytes <= room or batch.num_rows == 1:
+                self._buffer.append(batch)
+                self._buffered_bytes += batch.nbytes
+                if self._buffered_bytes >= budget:
+                    self._flush_row_group()
+                return
+            rows = max(1, batch.num_rows * room // batch.nbytes)
+            head = batch.slice(0, rows)
+            self._buffer.append(head)
+            self._buffered_bytes += head.nbytes
+            self._flush_row_group()
+            batch = batch.slice(rows)
+
+    def close(self) -> list[DataFile]:
+        """Flush what is buffered and close the last file; returns every DataFile written."""
+        if self._buffer:
+            self._flush_row_group()
+        self._close_file()
+        return self.data_files
+
+    def abort(self) -> None:
+        """Close any open file without producing a DataFile (its path stays in ``created``)."""
+        if self._file is not None:
+            try:
+                self._file.writer.close()
+            finally:
+                self._file.stream.close()
+                self._file = None
+
+    def _written(self) -> int:
+        return self._file.stream.tell() if self._file else 0
+
+    def _row_group_budget(self) -> int:
+        """In-memory bytes for the next row group so that the file lands near the target."""
+        if self._ratio <= 0:
+            return min(self.out.row_group_size, self.out.target_file_size)
+        remaining = max(self.out.target_file_size - self._written(), 0) / self._ratio
+        return int(max(MIN_ROW_GROUP_BYTES, min(self.out.row_group_size, remaining)))
+
+    def _flush_row_group(self) -> None:
+        table = pa.Table.from_batches(self._buffer, schema=self._arrow_schema)
+        self._buffer, raw = [], self._buffered_bytes
+        self._buffered_bytes = 0
+        if self._file is None:
+            self._open_file()
+        assert self._file is not None
+        before = self._written()
+        self._file.writer.write_table(table, row_group_size=max(table.num_rows, 1))
+        self._file.raw_bytes += raw
+        self.records_written += table.num_rows
+        written = self._written()
+        if written > before and raw > 0:
+            self._ratio = max(written, 1) / max(self._file.raw_bytes, 1)
+        if written >= self.out.target_file_size * FILL_RATIO:
+            self._close_file()
+
+    def _open_file(self) -> None:
+        name = f"{self.out.file_prefix}-{self._counter:05d}-{uuid.uuid4().hex[:8]}.parquet"
+        self._counter += 1
+        spec = self.out.metadata.specs()[self.out.spec_id]
+        key = None
+        if not spec.is_unpartitioned():
+            key = PartitionPath(spec, self.out.metadata.schema(), self.out.partition)
+        path = self.out.locations.new_data_location(name, key)  # type: ignore[arg-type]
+        self.created.append(path)
+        if self.on_create:
+            self.on_create(path)
+        stream = self.out.io.new_output(path).create(overwrite=False)
+        try:
+            writer = pq.ParquetWriter(
+                stream,
+                schema=self._arrow_schema,
+                store_decimal_as_integer=True,
+                **self._writer_kwargs,
+            )
+        except Exception:
+            stream.close()
+            raise
+        self._file = _OpenFile(path, stream, writer)
+
+    def _close_file(self) -> None:
+        if self._file is None:
+            return
+        current, self._file = self._file, None
+        try:
+            current.writer.close()
+            size = current.stream.tell()
+        finally:
+            current.stream.close()
+        data_file = DataFile.from_args(
+            content=DataFileContent.DATA,
+            file_path=current.path,
+            file_format=FileFormat.PARQUET,
+            partition=self.out.partition,
+            file_size_in_bytes=size,
+            sort_order_id=None,
+            equality_ids=None,
+            key_metadata=None,
+            **file_statistics(current.writer.writer.metadata, self._file_schema, self._properties),
+        )
+        data_file.spec_id = self.out.spec_id
+        self.data_files.append(data_file)

@@ -1,0 +1,187 @@
+"""Rewrite one group of input files: stream their live rows through the Iceberg read path.
+
+:func:`rewrite_files` is a pure function of (inputs, output spec): it commits nothing and calls
+nothing of the driver's, so it runs wherever :func:`compactor.rewrite.task_runner.run_task` runs.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyiceberg.io import FileIO
+from pyiceberg.manifest import DataFile
+from pyiceberg.table.metadata import TableMetadata
+
+from compactor.errors import CompactorError, DataFileError
+from compactor.iceberg.pyiceberg_compat import read_data_file, read_position_deletes
+from compactor.options import STREAM_FILE_THRESHOLD
+from compactor.rewrite.parquet_output import OutputSpec, RollingParquetWriter
+from compactor.storage.deleter import delete_files
+
+if TYPE_CHECKING:
+    from compactor.planning.planner import TaskInput
+
+READ_THREADS = 4
+
+
+@dataclass
+class Rewritten:
+    """What rewriting a group's inputs produced."""
+
+    data_files: list[DataFile] = field(default_factory=list)
+    records_read: int = 0
+    rows_deleted: int = 0
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def _positions_by_file(io: FileIO, inputs: Sequence[TaskInput]) -> dict[str, list[pa.ChunkedArray]]:
+    """Deleted positions per input, from the delete files that apply to that input's entry.
+
+    A delete file lists positions by path, but applies only to data files whose sequence
+    numbers the spec allows (e.g. not to a path removed and added again after the delete):
+    each input takes positions only from its own ``delete_files``.
+    """
+    wanted = {f.path for f in inputs}
+    unique = {d.file_path: d for f in inputs for d in f.delete_files}
+    read: dict[str, dict[str, pa.ChunkedArray]] = {}
+    for _, delete_file in sorted(unique.items()):
+        try:
+            by_file = read_position_deletes(io, delete_file)
+        except Exception as exc:
+            raise DataFileError(f"delete file {delete_file.file_path}: {_describe(exc)}") from exc
+        read[delete_file.file_path] = {p: a for p, a in by_file.items() if p in wanted}
+    positions: dict[str, list[pa.ChunkedArray]] = {}
+    for f in inputs:
+        for delete_file in sorted(f.delete_files, key=lambda d: d.file_path):
+            array = read[delete_file.file_path].get(f.path)
+            if array is not None:
+                positions.setdefault(f.path, []).append(array)
+    return positions
+
+
+def _deleted_count(positions: list[pa.ChunkedArray] | None, record_count: int) -> int:
+    if not positions:
+        return 0
+    merged = pa.chunked_array([chunk for array in positions for chunk in array.chunks], pa.int64())
+    unique = pc.unique(merged)
+    in_range = pc.and_(pc.greater_equal(unique, 0), pc.less(unique, record_count))
+    return pc.sum(pc.cast(in_range, pa.int64())).as_py() or 0
+
+
+class _OrderedReader:
+    """Yields the groups' rows file by file, in plan order, reading small files ahead in threads.
+
+    At most ``read_ahead`` bytes of input files are in flight; files of STREAM_FILE_THRESHOLD
+    bytes or more are streamed batch by batch instead, so memory never depends on file size.
+    """
+
+    def __init__(
+        self,
+        io: FileIO,
+        metadata: TableMetadata,
+        files: Sequence[TaskInput],
+        positions: dict[str, list[pa.ChunkedArray]],
+        read_ahead: int,
+    ) -> None:
+        self._io, self._metadata, self._positions = io, metadata, positions
+        self._files, self._read_ahead = files, read_ahead
+
+    def _stream(self, f: TaskInput) -> Iterator[pa.RecordBatch]:
+        try:
+            yield from read_data_file(
+                self._io, self._metadata, f.data_file, self._positions.get(f.path)
+            )
+        except Exception as exc:
+            raise DataFileError(f"data file {f.path}: {_describe(exc)}") from exc
+
+    def _load(self, f: TaskInput) -> list[pa.RecordBatch]:
+        return list(self._stream(f))
+
+    def batches(
+        self,
+    ) -> Iterator[tuple[TaskInput, list[pa.RecordBatch] | Iterator[pa.RecordBatch]]]:
+        pending: deque[tuple[TaskInput, Future[list[pa.RecordBatch]] | None]] = deque()
+        in_flight = 0
+        index = 0
+        with ThreadPoolExecutor(READ_THREADS) as pool:
+            try:
+                while index < len(self._files) or pending:
+                    while index < len(self._files) and (
+                        not pending or in_flight < self._read_ahead
+                    ):
+                        f = self._files[index]
+                        index += 1
+                        if f.size >= STREAM_FILE_THRESHOLD:
+                            pending.append((f, None))
+                            break
+                        pending.append((f, pool.submit(self._load, f)))
+                        in_flight += f.size
+                    f, future = pending.popleft()
+                    if future is None:
+                        yield f, self._stream(f)
+                    else:
+                        in_flight -= f.size
+                        yield f, future.result()
+            finally:
+                for _, future in pending:
+                    if future is not None:
+                        future.cancel()
+
+
+def rewrite_files(
+    inputs: Sequence[TaskInput],
+    out: OutputSpec,
+    *,
+    read_ahead: int,
+    label: str,
+    between_files: Callable[[], None],
+    on_file_created: Callable[[str], None],
+) -> Rewritten:
+    """Rewrite ``inputs`` into new data files; on any failure remove what was written and raise.
+
+    ``between_files`` runs after each input file (it raises to stop); ``on_file_created`` gets
+    each output path before its file is created. Checks that every live input row was written:
+    rows read plus rows deleted by position deletes must equal each input file's record count.
+    ``label`` names the group in errors.
+    """
+    writer = RollingParquetWriter(out, on_create=on_file_created)
+    result = Rewritten()
+    try:
+        positions = _positions_by_file(out.io, inputs)
+        reader = _OrderedReader(out.io, out.metadata, inputs, positions, read_ahead)
+        for f, batches in reader.batches():
+            rows = 0
+            for batch in batches:
+                rows += batch.num_rows
+                writer.write(batch)
+            deleted = _deleted_count(positions.get(f.path), f.data_file.record_count)
+            if rows + deleted != f.data_file.record_count:
+                raise DataFileError(
+                    f"data file {f.path}: read {rows} live rows + {deleted} deleted, "
+                    f"but the manifest records {f.data_file.record_count}"
+                )
+            result.records_read += rows
+            result.rows_deleted += deleted
+            between_files()
+        result.data_files = writer.close()
+        if writer.records_written != result.records_read:
+            raise DataFileError(
+                f"{label}: wrote {writer.records_written} rows, read {result.records_read}"
+            )
+    except BaseException as exc:
+        writer.abort()
+        delete_files(out.io, writer.created)
+        if isinstance(exc, CompactorError | KeyboardInterrupt | SystemExit):
+            raise
+        raise DataFileError(f"{label}: {_describe(exc)}") from exc
+    return result
