@@ -29,6 +29,7 @@ from compactor.errors import CommitConflictError, CompactorError, first_line
 from compactor.execute import make_executor
 from compactor.execute.executors import Executor
 from compactor.options import SNAPSHOT_PROPERTY_TOOL, RewriteOptions
+from compactor.planning.health import delete_file_kinds
 from compactor.planning.planner import FileGroup, Plan, plan_rewrite
 from compactor.planning.tasks import RewriteTask, TaskResult, plan_tasks
 from compactor.rewrite.task_runner import EventToken, TaskCancelled
@@ -88,6 +89,7 @@ class RunResult:
         committed = self.committed
         rewritten = [f for g in self.committed_groups for f in g.files]
         added = [d for r in committed for d in r.data_files]
+        removed_deletes = [d for c in self.commits for d in c.removed_delete_files]
         return {
             "table": self.table,
             "dry_run": self.dry_run,
@@ -100,7 +102,8 @@ class RunResult:
             "failed_groups": [vars(f) for f in sorted(self.failures, key=lambda f: f.group_id)],
             "rewritten_files": len(rewritten),
             "rewritten_bytes": sum(f.size for f in rewritten),
-            "rewritten_delete_files": sum(len(c.removed_delete_files) for c in self.commits),
+            "rewritten_delete_files": len(removed_deletes),
+            "removed_delete_files": delete_file_kinds(removed_deletes),
             "added_files": len(added),
             "added_bytes": sum(d.file_size_in_bytes for d in added),
             "records": sum(r.records_read for r in committed),

@@ -7,6 +7,12 @@ equality delete and deletion vector semantics), reads every manifest list and ev
 every manifest in full, and prints JSON. :func:`assert_java_reads_same` compares that with
 pyiceberg's scans of the same snapshots.
 
+One JVM serves every read of a test session (of each pytest-xdist worker): the first read starts
+``IcebergReadCheck --serve``, which takes one JSON request a line on stdin and answers one JSON
+line on stdout; reads are serialised by a lock, a server that died is started again on the next
+read, and it is stopped at interpreter exit (its stdin closing also stops it if this process
+dies). A read Java fails answers :class:`JavaReadError` for that read only; the server goes on.
+
 The reader is built once per source version (hash of ``pom.xml`` and ``src/``) into
 ``~/.cache/compactor-tests/java-reader/<hash>/`` (``COMPACTOR_TEST_CACHE`` moves the root) under
 a file lock, so parallel pytest workers and later sessions reuse it. Maven's local repository
@@ -23,6 +29,7 @@ them. timestamp_ns, timestamptz_ns, variant, geometry and geography raise
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime as dt
 import fcntl
@@ -30,13 +37,16 @@ import hashlib
 import json
 import math
 import os
+import select
 import shutil
 import subprocess
+import tempfile
 import threading
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -70,8 +80,12 @@ JAVA_PROJECT = Path(__file__).resolve().parent / "java"
 MAIN_CLASS = "compactor.readcheck.IcebergReadCheck"
 BUILD_TIMEOUT_S = 1800
 READ_TIMEOUT_S = 600
-# Short-lived JVM: C1 only and the serial collector start faster on two cores.
+STOP_TIMEOUT_S = 10
+# C1 only and the serial collector, for the one-shot JVM (JavaReader.command) and the server:
+# measured over 60 reads of small tables on two busy cores, full tiered JIT (C2) spent ~33 s of
+# JVM CPU where C1 only spent ~20 s, and took longer in all (40-54 s against ~30 s).
 JVM_OPTIONS = ("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
+SERVER_JVM_OPTIONS = JVM_OPTIONS
 
 
 class JavaReaderBuildError(RuntimeError):
@@ -105,8 +119,12 @@ class JavaReader:
     build_dir: Path
 
     def command(self, metadata_location: str) -> list[str]:
-        """The command line that reads the table at ``metadata_location``."""
+        """The command line that reads the table at ``metadata_location`` in a JVM of its own."""
         return [self.java, *JVM_OPTIONS, "-cp", self.classpath, MAIN_CLASS, metadata_location]
+
+    def server_command(self) -> list[str]:
+        """The command line of the long-lived reader (see :func:`java_read_location`)."""
+        return [self.java, *SERVER_JVM_OPTIONS, "-cp", self.classpath, MAIN_CLASS, "--serve"]
 
 
 _lock = threading.Lock()
@@ -276,6 +294,9 @@ class ManifestRead:
     existing: int
     deleted: int
     snapshots: tuple[int, ...]
+    # Live (added and existing) entries by kind: "data", "equality_deletes", "position_deletes"
+    # (files), "deletion_vectors" (position deletes with a content offset: Puffin DVs).
+    live_files: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -293,6 +314,17 @@ class JavaRead:
     @property
     def snapshot_ids(self) -> list[int]:
         return list(self.snapshots)
+
+    def live_files(self, snapshot_id: int | None = None) -> Counter[str]:
+        """Live files of ``snapshot_id`` (default: the current one) by kind, from its manifests."""
+        snapshot_id = self.current_snapshot_id if snapshot_id is None else snapshot_id
+        if snapshot_id is None:
+            return Counter()
+        by_path = {m.path: m for m in self.manifests}
+        counts: Counter[str] = Counter()
+        for path in self.snapshots[snapshot_id].manifests:
+            counts.update(by_path[path].live_files)
+        return counts
 
     def rows(self, snapshot_id: int | None = None) -> Counter[str]:
         """Canonical rows of ``snapshot_id``, or of the current table state for None."""
@@ -318,7 +350,10 @@ def _rows(doc: dict[str, Any]) -> RowsRead | None:
 
 def parse_java_output(metadata_location: str, text: str) -> JavaRead:
     """The reader's JSON document as a :class:`JavaRead`."""
-    doc = json.loads(text)
+    return _java_read(metadata_location, json.loads(text))
+
+
+def _java_read(metadata_location: str, doc: dict[str, Any]) -> JavaRead:
     snapshots = {
         int(key): SnapshotRead(
             snapshot_id=int(key),
@@ -343,6 +378,7 @@ def parse_java_output(metadata_location: str, text: str) -> JavaRead:
             existing=m["existing"],
             deleted=m["deleted"],
             snapshots=tuple(m["snapshots"]),
+            live_files=dict(m.get("live_files", {})),
         )
         for m in doc["manifests"]
     )
@@ -357,35 +393,180 @@ def parse_java_output(metadata_location: str, text: str) -> JavaRead:
     )
 
 
+class _Server:
+    """The running ``IcebergReadCheck --serve`` process of this Python process."""
+
+    def __init__(self, reader: JavaReader) -> None:
+        # The server's stderr, for when it dies: an unlinked file, so nothing is left behind.
+        fd, log = tempfile.mkstemp(prefix="compactor-java-reader-", suffix=".log")
+        os.unlink(log)
+        self._log_fd = fd
+        self.classpath = reader.classpath
+        self.owner = os.getpid()
+        try:
+            self.process = subprocess.Popen(
+                reader.server_command(),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=fd,
+            )
+        except BaseException:
+            os.close(fd)
+            raise
+        self._buffer = bytearray()
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def stderr_tail(self, limit: int = 20_000) -> str:
+        try:
+            size = os.fstat(self._log_fd).st_size
+            return os.pread(self._log_fd, limit, max(0, size - limit)).decode(errors="replace")
+        except OSError:
+            return ""
+
+    def send(self, line: bytes) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(line + b"\n")
+        self.process.stdin.flush()
+
+    def receive(self, timeout_s: float) -> bytes | None:
+        """The next answer line, or None when the server closed stdout (it died)."""
+        assert self.process.stdout is not None
+        fd = self.process.stdout.fileno()
+        deadline = time.monotonic() + timeout_s
+        scanned = 0
+        while (newline := self._buffer.find(b"\n", scanned)) < 0:
+            scanned = len(self._buffer)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            ready, _, _ = select.select([fd], [], [], left)
+            if ready:
+                chunk = os.read(fd, 1 << 20)
+                if not chunk:
+                    return None
+                self._buffer += chunk
+        line = bytes(self._buffer[:newline])
+        del self._buffer[: newline + 1]
+        return line
+
+    def stop(self) -> None:
+        """Close stdin (the server exits at its end), wait, kill if it hangs."""
+        if self.owner != os.getpid():
+            return
+        try:
+            if self.process.stdin is not None:
+                with contextlib.suppress(OSError):
+                    self.process.stdin.close()
+            try:
+                self.process.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+            if self.process.stdout is not None:
+                self.process.stdout.close()
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(self._log_fd)
+
+
+_server_lock = threading.Lock()
+_server: _Server | None = None
+
+
+def _forget_server_in_child() -> None:
+    # A forked child must not talk to (or stop) its parent's server: dropping the object closes
+    # the child's copies of the pipes; the child starts a server of its own if it reads.
+    global _server, _server_lock
+    _server_lock = threading.Lock()
+    _server = None
+
+
+os.register_at_fork(after_in_child=_forget_server_in_child)
+
+
+def stop_reader() -> None:
+    """Stop this process's reader server, if one runs (the next read starts a new one)."""
+    global _server
+    with _server_lock:
+        server, _server = _server, None
+        if server is not None:
+            server.stop()
+
+
+atexit.register(stop_reader)
+
+
+def reader_pid() -> int | None:
+    """The process id of the running reader server, if any."""
+    with _server_lock:
+        return _server.process.pid if _server is not None and _server.alive() else None
+
+
+def _running_server(reader: JavaReader) -> _Server:
+    global _server
+    if _server is not None and (not _server.alive() or _server.classpath != reader.classpath):
+        old, _server = _server, None
+        old.stop()
+    if _server is None:
+        _server = _Server(reader)
+    return _server
+
+
 def java_read_location(
     metadata_location: str, snapshot_ids: Iterable[int] | None = None
 ) -> JavaRead:
-    """Run the Java reader on one metadata.json (``file://`` URI or local path).
+    """Read one metadata.json (``file://`` URI or local path) with the session's Java reader.
 
     Every manifest list and manifest is read; rows are read for the current state and for
-    ``snapshot_ids`` (default: every snapshot) and the refs pointing at them.
+    ``snapshot_ids`` (default: every snapshot; an empty list: none) and the refs pointing at them.
     """
+    global _server
     reader = ensure_reader()
-    selected = [str(i) for i in snapshot_ids] if snapshot_ids is not None else []
-    try:
-        done = subprocess.run(
-            [*reader.command(metadata_location), *selected],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=READ_TIMEOUT_S,
-            check=False,
-        )
-    except subprocess.TimeoutExpired as e:
-        raise JavaReadError(f"Java reader timed out after {READ_TIMEOUT_S}s", "", -1) from e
-    stderr = done.stderr.decode(errors="replace")
-    if done.returncode != 0:
-        first = next((line for line in stderr.splitlines() if line.strip()), "")
+    request = json.dumps(
+        {
+            "metadata_location": metadata_location,
+            "snapshot_ids": None if snapshot_ids is None else [int(i) for i in snapshot_ids],
+        }
+    ).encode()
+    with _server_lock:
+        # A server found dead (killed between reads, or dying as this read starts) is started
+        # again and the read sent once more; dying on that second try is this read's error.
+        for attempt in (1, 2):
+            server = _running_server(reader)
+            try:
+                server.send(request)
+                line = server.receive(READ_TIMEOUT_S)
+            except TimeoutError as e:
+                _server = None
+                server.process.kill()
+                server.stop()
+                raise JavaReadError(f"Java reader timed out after {READ_TIMEOUT_S}s", "", -1) from e
+            except OSError:  # BrokenPipeError: it is gone
+                line = None
+            if line is not None:
+                break
+            _server = None
+            returncode = server.process.wait()
+            stderr = server.stderr_tail()
+            server.stop()
+            if attempt == 2:
+                last = next((x for x in reversed(stderr.splitlines()) if x.strip()), "")
+                raise JavaReadError(
+                    f"the Java reader died (exit {returncode}) reading {metadata_location}: {last}",
+                    stderr,
+                    returncode if returncode != 0 else -1,
+                )
+    assert line is not None
+    answer = json.loads(line)
+    if not answer["ok"]:
+        stderr = answer["error"]
+        first = next((x for x in stderr.splitlines() if x.strip()), "")
         raise JavaReadError(
-            f"Iceberg Java failed to read {metadata_location} (exit {done.returncode}): {first}",
-            stderr,
-            done.returncode,
+            f"Iceberg Java failed to read {metadata_location} (exit 1): {first}", stderr, 1
         )
-    return parse_java_output(metadata_location, done.stdout.decode())
+    return _java_read(metadata_location, answer["result"])
 
 
 def java_read(table: Table, snapshot_ids: Iterable[int] | None = None) -> JavaRead:

@@ -18,10 +18,14 @@ from helpers import (
     commit_delete_files,
     list_files,
     live_data_files,
+    live_delete_files,
+    live_entries,
+    read_data_file,
     scan_rows,
     write_equality_delete_file,
     write_position_delete_file,
 )
+from java_reader import assert_java_reads_same
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation
@@ -145,22 +149,40 @@ def test_concurrent_position_delete_on_an_input_refuses_its_group(
     assert_same_rows(expected_rows[0], scan_rows(table))
 
 
-def test_concurrent_equality_delete_refuses_groups_of_its_partition(
-    catalog: Catalog, events: Table, monkeypatch: pytest.MonkeyPatch
+def test_concurrent_equality_delete_still_applies_to_the_rewritten_rows(
+    catalog: Catalog, events: Table, monkeypatch: pytest.MonkeyPatch, java_reader: object
 ) -> None:
+    """No group is refused: the outputs keep the start's sequence number, below the delete's."""
     victim = sorted(_data_files_in("region=ap", events), key=lambda f: f.file_path)[0]
+    doomed = read_data_file(events, victim).column("event_id")[0].as_py()
+    before = scan_rows(events)
+    added: list[str] = []
 
     def add_equality_delete(other: Table) -> None:
         delete_file = write_equality_delete_file(
-            other, ["event_id"], [(-1,)], spec_id=victim.spec_id, partition=victim.partition
+            other, ["event_id"], [(doomed,)], spec_id=victim.spec_id, partition=victim.partition
         )
         commit_delete_files(other, [delete_file])
+        added.append(delete_file.file_path)
 
     result = _compact_with_concurrent(catalog, monkeypatch, add_equality_delete)
     data = result.to_dict()
-    assert len(data["failed_groups"]) == 1
-    assert "equality delete" in data["failed_groups"][0]["reason"]
-    assert victim.file_path in live_data_files(catalog.load_table(TABLE))
+    assert data["failed_groups"] == []
+    assert data["committed_groups"] == data["groups"] > 0
+    table = catalog.load_table(TABLE)
+    assert victim.file_path not in live_data_files(table)
+    assert set(live_delete_files(table)) == set(added)
+    delete_sequence = max(
+        e.sequence_number for e in live_entries(table) if e.data_file.file_path in added
+    )
+    outputs = [
+        e for e in live_entries(table) if f"compactor-{result.run_id}-" in e.data_file.file_path
+    ]
+    assert outputs and all(e.sequence_number < delete_sequence for e in outputs)
+    expected = before.filter(pa.compute.field("event_id") != doomed)
+    assert len(expected) == len(before) - 1
+    current = table.current_snapshot().snapshot_id
+    assert_java_reads_same(table, {None: expected, current: expected}, snapshot_ids=[current])
 
 
 def test_every_group_refused_commits_nothing_and_leaves_no_file(

@@ -1,8 +1,11 @@
-"""Merge-on-read deletes: position deletes are applied and retired, equality deletes respected."""
+"""Merge-on-read deletes: position and equality deletes are applied, and retired with their files."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import pyarrow as pa
+import pyarrow.compute as pc
 from helpers import (
     assert_same_rows,
     commit_delete_files,
@@ -11,13 +14,13 @@ from helpers import (
     live_delete_files,
     live_entries,
     read_data_file,
-    row_multiset,
     run_compaction,
     scan_rows,
     snapshot_entries,
     write_equality_delete_file,
     write_position_delete_file,
 )
+from java_reader import assert_java_reads_same
 from pyiceberg.catalog import Catalog
 from pyiceberg.manifest import DataFile, ManifestEntryStatus
 from pyiceberg.table import Table
@@ -129,8 +132,17 @@ def test_position_deletes_outside_where_are_kept(catalog: Catalog) -> None:
     assert not gone_us & set(scan_rows(after).column("event_id").to_pylist())
 
 
-def test_equality_deletes_skip_files_they_apply_to(catalog: Catalog) -> None:
-    """Files an equality delete applies to are not rewritten; newer files are."""
+def _stored_rows(table: Table, files: Iterable[DataFile]) -> pa.Table:
+    """The rows stored in ``files``, no delete applied."""
+    return pa.concat_tables(read_data_file(table, f) for f in files)
+
+
+def test_equality_deletes_are_applied_and_retired(catalog: Catalog, java_reader: object) -> None:
+    """Rows an equality delete names leave the rewritten files, and so does the delete file.
+
+    Newer rows with a deleted key survive (the delete applies only to older data files), and
+    other partitions are out of the delete's reach.
+    """
     table = _events(catalog)
     old_eu = _region_files(table, "eu")
     assert len(old_eu) == 4
@@ -142,44 +154,35 @@ def test_equality_deletes_skip_files_they_apply_to(catalog: Catalog) -> None:
         spec_id=old_eu[0].spec_id,
         partition=old_eu[0].partition,
     )
+    older = list(live_data_files(table).values())
     table = commit_delete_files(table, [eq_delete], operation=Operation.OVERWRITE)
-    eq_sequence = table.current_snapshot().sequence_number
-    # Two more commits: their eu files are newer than the equality delete.
+    # Two more commits, newer than the delete; one of their eu rows takes a deleted key again.
     for commit in range(4, 6):
-        table.append(events_batch(commit, 400, 1))
+        rows = events_batch(commit, 400, 1).to_pylist()
+        if commit == 4:
+            next(r for r in rows if r["region"] == "eu")["event_id"] = victims[0]
+        table.append(pa.Table.from_pylist(rows, table.schema().as_arrow()))
     table = catalog.load_table("db.ev")
-    new_eu = [f for f in _region_files(table, "eu") if f not in old_eu]
-    assert len(new_eu) == 2
-
-    not_eu = "region != 'eu'"
-    others_before = scan_rows(table, not_eu)
-    eu_files_before = _region_files(table, "eu")
-    eu_rows_before = pa.concat_tables(read_data_file(table, f) for f in eu_files_before)
-    snapshots_before = len(table.metadata.snapshots)
+    newer = [f for f in live_data_files(table).values() if f not in older]
+    stored = _stored_rows(table, older)
+    deleted = pc.and_(
+        pc.equal(stored["region"], "eu"), pc.is_in(stored["event_id"], pa.array(victims))
+    )
+    expected = pa.concat_tables([stored.filter(pc.invert(deleted)), _stored_rows(table, newer)])
+    assert len(expected) == 6 * 400 - 3
+    parent = table.current_snapshot().snapshot_id
 
     result, after = run_compaction(catalog, "db.ev")
 
-    assert result.plan.skipped["files_with_equality_deletes"] == 4
-    assert after.current_snapshot().summary.operation == Operation.REPLACE
-    assert len(after.metadata.snapshots) == snapshots_before + 1
-    # The files the delete applies to, and the delete itself, are untouched.
-    live = live_data_files(after)
-    assert {f.file_path for f in old_eu} <= set(live)
-    assert set(live_delete_files(after)) == {eq_delete.file_path}
-    # The newer eu files were compacted into one file whose sequence number is past the delete.
-    eu_after = _region_files(after, "eu")
-    assert len(eu_after) == 5
-    for entry in live_entries(after):
-        if entry.data_file.file_path in {f.file_path for f in old_eu}:
-            assert entry.sequence_number < eq_sequence
-        elif entry.data_file.file_path in {f.file_path for f in eu_after}:
-            assert entry.sequence_number >= eq_sequence
-    # Rows: identical outside eu (pyiceberg can scan around the equality delete), and the eu
-    # files hold the same rows as before.
-    assert row_multiset(scan_rows(after, not_eu)) == row_multiset(others_before)
-    eu_rows_after = pa.concat_tables(read_data_file(after, f) for f in eu_after)
-    assert row_multiset(eu_rows_after) == row_multiset(eu_rows_before)
-    assert len(live) < len(live_data_files(table))
+    assert result.plan.groups and not result.plan.skipped
+    assert result.to_dict()["rewritten_delete_files"] == 1
+    assert live_delete_files(after) == {}
+    assert len(live_data_files(after)) < len(older) + len(newer)
+    assert_same_rows(expected, _stored_rows(after, live_data_files(after).values()))
+    current = after.current_snapshot().snapshot_id
+    assert_java_reads_same(
+        after, {None: expected, current: expected, parent: expected}, [current, parent]
+    )
 
 
 def test_delete_file_spanning_two_commits_is_retired_by_the_second(catalog: Catalog) -> None:

@@ -197,15 +197,21 @@ def test_equality_delete_under_an_all_void_spec_applies_to_every_older_file(
     expected = _apply_equality_deletes(table)
     assert sum(expected.values()) == 95
 
+    parent = table.metadata.current_snapshot_id
+
     result, table = run_compaction(catalog, "db.upserts")
     assert _apply_equality_deletes(table) == expected, "deleted rows came back"
-    assert result.to_dict()["rewritten_files"] == 0
-    assert result.plan.skipped["files_with_equality_deletes"] == 10
+    # Every file the global delete applied to was rewritten without its rows: the delete goes.
+    assert result.to_dict()["rewritten_files"] == 10
+    assert live_delete_files(table) == {}
     rows = sorted(expected.elements())
     expected_table = pa.table(
         {"id": [r[0] for r in rows], "category": [r[1] for r in rows]}, schema=SCHEMA.as_arrow()
     )
-    assert_java_reads_same(table, {table.metadata.current_snapshot_id: expected_table})
+    current = table.metadata.current_snapshot_id
+    assert_java_reads_same(
+        table, {None: expected_table, current: expected_table, parent: expected_table}
+    )
 
 
 # --------------------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from compactor.options import (
     DEFAULT_MIN_INPUT_FILES,
     resolve_options,
 )
+from compactor.redaction import protect
 from compactor.sizes import format_size
 
 if TYPE_CHECKING:
@@ -106,6 +107,8 @@ def _main(
         level=logging.DEBUG if verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    for handler in logging.getLogger().handlers:
+        protect(handler)
 
 
 class _Bar:
@@ -360,6 +363,7 @@ def _print_health(health: TableHealth) -> None:
     )
     table.add_row("position delete files", str(health.position_delete_files))
     table.add_row("equality delete files", str(health.equality_delete_files))
+    table.add_row("deletion vectors", str(health.deletion_vectors))
     table.add_row("partitions", str(len(health.partitions)))
     out.print(table)
     if data["worst_partitions"]:

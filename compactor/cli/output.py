@@ -13,6 +13,7 @@ from rich.console import Console
 
 from compactor.errors import EXIT_RUNTIME, CompactorError, UsageError
 from compactor.options import check_pyiceberg_config
+from compactor.redaction import redact
 
 # soft_wrap: lines are never broken at the terminal's width. Piped output has no width limit
 # (rich would assume 80 columns), so tables written to files and logs are never cut short.
@@ -47,7 +48,7 @@ def fail(exc: BaseException) -> None:
     """Print ``exc`` as one ``error:`` line (after its traceback with --verbose) and exit."""
     verbose = state["verbose"]
     if verbose:
-        traceback.print_exception(exc)
+        sys.stderr.write(redact("".join(traceback.format_exception(exc))))
     if isinstance(exc, CompactorError):
         message, code = _one_line(str(exc)) or type(exc).__name__, exc.exit_code
         if isinstance(exc, UsageError):
@@ -58,7 +59,7 @@ def fail(exc: BaseException) -> None:
         if not verbose:
             message += " (run with --verbose for details)"
         code = EXIT_RUNTIME
-    err.print(f"error: {message}", markup=False, highlight=False)
+    err.print(f"error: {redact(message)}", markup=False, highlight=False)
     raise typer.Exit(code)
 
 

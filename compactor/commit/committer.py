@@ -3,10 +3,12 @@
 Rules (Iceberg spec and the Java reference):
 - the new snapshot's operation is ``replace``; its parent is the branch head at commit time;
 - every input file must still be live at the head; a group whose input was removed or replaced
-  since the start snapshot, or which gained a position or equality delete, is dropped;
-- appends by others never conflict;
-- new files carry the start snapshot's data sequence number, so deletes committed after the
-  start still apply to the rewritten rows;
+  since the start snapshot, or which gained a position delete or deletion vector, is dropped;
+- appends by others never conflict; neither do equality deletes: new files carry the start
+  snapshot's data sequence number, so equality deletes committed after the start still apply
+  to the rewritten rows (Java's RewriteFiles with a data sequence number ignores them too);
+- delete files that apply to no live data file once the groups are committed go in the same
+  commit (position and equality deletes, as Java's remove-dangling-deletes);
 - catalog conflicts are retried after a refresh with exponential backoff, bounded in count
   and time, re-validating each time.
 """
@@ -50,7 +52,7 @@ from pyiceberg.utils.properties import property_as_int
 
 from compactor.errors import CommitConflictError, CommitStateUnknownError, first_line
 from compactor.iceberg.pyiceberg_compat import DeleteFileIndex, manifest_writer
-from compactor.planning.planner import FileGroup, InputFile, Plan, is_unpartitioned
+from compactor.planning.planner import FileGroup, InputFile, Plan
 from compactor.planning.tasks import TaskResult
 from compactor.storage.deleter import delete_files
 
@@ -128,10 +130,6 @@ def find_conflicts(
     if head is None or head.snapshot_id == plan.snapshot_id:
         return conflicts
     group_of = {f.path: g.group_id for g in groups for f in g.files}
-    by_partition: dict[tuple[int, object], list[FileGroup]] = defaultdict(list)
-    for g in groups:
-        by_partition[(g.spec_id, g.partition)].append(g)
-    specs = table.metadata.specs()
     for snapshot in _new_snapshots(table, plan.snapshot_id, head):
         operation = snapshot.summary.operation if snapshot.summary else None
         if operation == Operation.APPEND:
@@ -150,15 +148,6 @@ def find_conflicts(
             if data_file.content == DataFileContent.POSITION_DELETES:
                 new_position_deletes.add_delete_file(entry, partition_key=data_file.partition)
                 has_position_deletes = True
-            elif data_file.content == DataFileContent.EQUALITY_DELETES:
-                is_global = is_unpartitioned(specs[data_file.spec_id])
-                for key, members in by_partition.items():
-                    if is_global or key == (data_file.spec_id, data_file.partition):
-                        for g in members:
-                            conflicts.setdefault(
-                                g.group_id,
-                                f"equality delete {data_file.file_path} added by snapshot {snapshot.snapshot_id}",
-                            )
         if has_position_deletes:
             for g in groups:
                 for f in g.files:
@@ -496,7 +485,8 @@ def _write_snapshot(
     dangling = {
         path: delete_file
         for path, (delete_file, targets) in plan.delete_file_targets.items()
-        if targets & rewritten.keys() and targets <= rewritten.keys() | rewritten_before
+        if (targets & rewritten.keys() or not targets)
+        and targets <= rewritten.keys() | rewritten_before
     }
     manifests, found = _filter_manifests(attempt, head, plan, inputs, set(dangling))
     missing = {gid for path, gid in rewritten.items() if path not in found}

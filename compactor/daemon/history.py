@@ -18,6 +18,7 @@ from typing import Any
 
 from compactor.daemon.scheduling import INTERRUPTED
 from compactor.errors import ConfigError
+from compactor.redaction import redact
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -141,7 +142,7 @@ class History:
                     row.output_bytes,
                     json.dumps(row.snapshot_ids),
                     row.conflicts,
-                    row.error,
+                    redact(row.error) if row.error else row.error,
                     row.id,
                 ),
             )

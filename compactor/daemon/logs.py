@@ -12,6 +12,8 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
+from compactor.redaction import protect
+
 # Attributes every LogRecord has: the rest came in through ``extra``.
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
 
@@ -26,6 +28,13 @@ def _timestamp(record: logging.LogRecord) -> str:
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def _exception(formatter: logging.Formatter, record: logging.LogRecord) -> str | None:
+    """The record's traceback: already formatted (and redacted) when a filter did so."""
+    if record.exc_text:
+        return record.exc_text
+    return formatter.formatException(record.exc_info) if record.exc_info else None
+
+
 class JsonFormatter(logging.Formatter):
     """``{"ts": ..., "level": ..., "logger": ..., "message": ..., **fields}``."""
 
@@ -37,8 +46,9 @@ class JsonFormatter(logging.Formatter):
             "message": record.getMessage(),
             **fields(record),
         }
-        if record.exc_info:
-            document["exception"] = self.formatException(record.exc_info)
+        trace = _exception(self, record)
+        if trace:
+            document["exception"] = trace
         return json.dumps(document, default=str)
 
 
@@ -48,15 +58,16 @@ class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         extra = " ".join(f"{k}={v}" for k, v in fields(record).items())
         line = f"{_timestamp(record)} {record.levelname.lower()} {record.getMessage()} {extra}"
-        if record.exc_info:
-            line += "\n" + self.formatException(record.exc_info)
+        trace = _exception(self, record)
+        if trace:
+            line += "\n" + trace
         return line.rstrip()
 
 
 def configure_logging(log_format: str, verbose: bool = False) -> None:
     """Send logs to stderr as JSON (``json``, or ``auto`` off a terminal) or as text."""
     use_json = log_format == "json" or (log_format == "auto" and not sys.stderr.isatty())
-    handler = logging.StreamHandler(sys.stderr)
+    handler = protect(logging.StreamHandler(sys.stderr))
     handler.setFormatter(JsonFormatter() if use_json else TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]

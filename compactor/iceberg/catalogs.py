@@ -20,6 +20,7 @@ from pyiceberg.table import Table
 from pyiceberg.utils.config import Config
 
 from compactor.errors import ConfigError, TableNotFoundError, UsageError, first_line
+from compactor.redaction import register_secrets
 
 EMBEDDED_CATALOG = "default"
 # Namespaces are listed this deep at most (a guard against catalogs that list a namespace as
@@ -47,6 +48,10 @@ def embedded_catalog() -> SqlCatalog:
     )
 
 
+# Drivers a catalog may need, and the extra that installs each.
+EXTRA_FOR_MODULE = {"psycopg2": "postgres", "boto3": "s3", "botocore": "s3", "ray": "ray"}
+
+
 def open_catalog(name: str | None) -> Catalog:
     """Open the catalog named ``name``, pyiceberg's configured default, or the embedded one.
 
@@ -66,10 +71,30 @@ def open_catalog(name: str | None) -> Catalog:
             f"catalog {name!r} is not configured: define it in ~/.pyiceberg.yaml or with "
             f"PYICEBERG_CATALOG__{name.upper()}__URI (and __TYPE, __WAREHOUSE)"
         )
+    register_secrets(properties)
     try:
         return load_catalog(name, **cast(dict[str, str | None], properties))
     except Exception as exc:
+        missing = _missing_module(exc)
+        if missing:
+            extra = EXTRA_FOR_MODULE.get(missing.split(".")[0])
+            how = f"pip install 'compactor[{extra}]'" if extra else f"pip install {missing}"
+            raise ConfigError(
+                f"catalog {name!r}: needs the Python module {missing!r}, which is not "
+                f"installed ({how})"
+            ) from exc
         raise ConfigError(f"catalog {name!r}: {first_line(exc)}") from exc
+
+
+def _missing_module(exc: BaseException | None) -> str | None:
+    """The module whose import failed somewhere in ``exc``'s chain of causes, if any."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, ModuleNotFoundError) and exc.name:
+            return exc.name
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def parse_identifier(identifier: str) -> tuple[str, ...]:

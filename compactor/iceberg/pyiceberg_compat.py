@@ -191,16 +191,25 @@ class FilePruner:
 
 
 EQUALITY_IDS_FIELD_ID = 135
+PARTITION_FIELD_ID = 102
 
 
 def _spec_data_file_type(data_file: StructType) -> StructType:
-    """``data_file`` with ``equality_ids`` as the spec's ``list<int>``.
+    """``data_file`` with ``equality_ids`` as the spec's ``list<int>``, partition fields optional.
 
-    pyiceberg 0.12 declares it ``list<long>``; Iceberg Java then fails to read any manifest
-    holding equality-delete entries (ClassCastException Long -> Integer).
+    pyiceberg 0.12 declares ``equality_ids`` ``list<long>``; Iceberg Java then fails to read any
+    manifest holding equality-delete entries (ClassCastException Long -> Integer). It also makes
+    a partition field required when its source column is, so a ``void`` field (always null)
+    cannot be written; Java declares every partition field optional.
     """
     fields = []
     for f in data_file.fields:
+        if f.field_id == PARTITION_FIELD_ID and isinstance(f.field_type, StructType):
+            optional = [
+                NestedField(p.field_id, p.name, p.field_type, required=False, doc=p.doc)
+                for p in f.field_type.fields
+            ]
+            f = NestedField(f.field_id, f.name, StructType(*optional), f.required, doc=f.doc)
         if f.field_id == EQUALITY_IDS_FIELD_ID and isinstance(f.field_type, ListType):
             element = f.field_type
             f = NestedField(

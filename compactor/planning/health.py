@@ -2,13 +2,32 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyiceberg.manifest import DataFileContent, ManifestFile
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestFile
 from pyiceberg.table import Table
 
 from compactor.options import MIN_FILE_SIZE_RATIO
+from compactor.planning.planner import is_unpartitioned
+
+DELETE_KINDS = ("position", "equality", "deletion_vector")
+
+
+def delete_kind(delete_file: DataFile) -> str:
+    """``position``, ``equality`` or ``deletion_vector`` (a position delete in a Puffin file)."""
+    if delete_file.content == DataFileContent.EQUALITY_DELETES:
+        return "equality"
+    return "deletion_vector" if delete_file.file_format == FileFormat.PUFFIN else "position"
+
+
+def delete_file_kinds(delete_files: Iterable[DataFile]) -> dict[str, int]:
+    """How many of ``delete_files`` are of each kind."""
+    counts = dict.fromkeys(DELETE_KINDS, 0)
+    for delete_file in delete_files:
+        counts[delete_kind(delete_file)] += 1
+    return counts
 
 
 @dataclass
@@ -39,6 +58,7 @@ class FileCounts:
     small_bytes: int = 0
     position_delete_files: int = 0
     equality_delete_files: int = 0
+    deletion_vectors: int = 0
     partitions: dict[str, PartitionHealth] = field(default_factory=dict)
 
     def add(self, other: FileCounts) -> None:
@@ -50,6 +70,7 @@ class FileCounts:
         self.small_bytes += other.small_bytes
         self.position_delete_files += other.position_delete_files
         self.equality_delete_files += other.equality_delete_files
+        self.deletion_vectors += other.deletion_vectors
         for name, part in other.partitions.items():
             self.partitions.setdefault(name, PartitionHealth(name)).add(part)
 
@@ -69,7 +90,7 @@ class TableHealth(FileCounts):
 
     @property
     def delete_files(self) -> int:
-        return self.position_delete_files + self.equality_delete_files
+        return self.position_delete_files + self.equality_delete_files + self.deletion_vectors
 
     def mergeable_small_files(self, min_input_files: int) -> tuple[int, int]:
         """Files and bytes of small files in partitions holding ``min_input_files`` or more."""
@@ -93,6 +114,7 @@ class TableHealth(FileCounts):
             "small_bytes": self.small_bytes,
             "position_delete_files": self.position_delete_files,
             "equality_delete_files": self.equality_delete_files,
+            "deletion_vectors": self.deletion_vectors,
             "partitions": len(self.partitions),
             "worst_partitions": [vars(p) for p in self.worst_partitions(top)],
         }
@@ -125,16 +147,19 @@ def _manifest_counts(table: Table, manifest: ManifestFile, small: int) -> FileCo
     specs, schema = table.metadata.specs(), table.schema()
     for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
         data_file = entry.data_file
-        if data_file.content == DataFileContent.POSITION_DELETES:
-            counts.position_delete_files += 1
-            continue
-        if data_file.content == DataFileContent.EQUALITY_DELETES:
-            counts.equality_delete_files += 1
+        if data_file.content != DataFileContent.DATA:
+            kind = delete_kind(data_file)
+            if kind == "position":
+                counts.position_delete_files += 1
+            elif kind == "equality":
+                counts.equality_delete_files += 1
+            else:
+                counts.deletion_vectors += 1
             continue
         spec = specs[data_file.spec_id]
         name = (
             spec.partition_to_path(data_file.partition, schema)
-            if not spec.is_unpartitioned()
+            if not is_unpartitioned(spec)
             else ""
         ) or "(unpartitioned)"
         part = counts.partitions.setdefault(name, PartitionHealth(name))

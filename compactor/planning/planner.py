@@ -27,6 +27,7 @@ from pyiceberg.manifest import (
     ManifestFile,
 )
 from pyiceberg.partitioning import PartitionSpec
+from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.transforms import VoidTransform
@@ -118,6 +119,8 @@ class Plan:
     groups: list[FileGroup] = field(default_factory=list)
     # Position delete files touching planned inputs -> every live data file they apply to.
     delete_file_targets: dict[str, tuple[DataFile, frozenset[str]]] = field(default_factory=dict)
+    # Data sequence number of every equality delete an input has, by path (tasks carry them).
+    equality_delete_sequence_numbers: dict[str, int] = field(default_factory=dict)
     data_files_scanned: int = 0
     # Every manifest of the start snapshot, and the live entries of those read while planning.
     start_manifests: frozenset[str] = frozenset()
@@ -171,6 +174,7 @@ class _ManifestScan:
     live_entries: dict[str, int] = field(default_factory=dict)
     position_deletes: DeleteFileIndex = field(default_factory=DeleteFileIndex)
     equality_deletes: list[ManifestEntry] = field(default_factory=list)
+    delete_files: list[DataFile] = field(default_factory=list)
 
 
 def _read_manifests(table: Table, manifests: Iterable[ManifestFile]) -> _ManifestScan:
@@ -187,7 +191,9 @@ def _read_manifests(table: Table, manifests: Iterable[ManifestFile]) -> _Manifes
                 content = entry.data_file.content
                 if content == DataFileContent.DATA:
                     scan.data.append((entry, manifest.manifest_path))
-                elif content == DataFileContent.POSITION_DELETES:
+                    continue
+                scan.delete_files.append(entry.data_file)
+                if content == DataFileContent.POSITION_DELETES:
                     scan.position_deletes.add_delete_file(
                         entry, partition_key=entry.data_file.partition
                     )
@@ -205,27 +211,36 @@ def is_unpartitioned(spec: PartitionSpec) -> bool:
     return all(isinstance(f.transform, VoidTransform) for f in spec.fields)
 
 
-def _equality_delete_checker(table: Table, entries: list[ManifestEntry]):
-    """Return f(data entry) -> True when an equality delete applies to that data file."""
-    specs = table.metadata.specs()
-    global_seqs: list[int] = []
-    by_partition: dict[tuple[int, Record], int] = {}
-    for entry in entries:
-        seq = entry.sequence_number or INITIAL_SEQUENCE_NUMBER
-        delete_file = entry.data_file
-        if is_unpartitioned(specs[delete_file.spec_id]):
-            global_seqs.append(seq)
-        else:
-            key = (delete_file.spec_id, delete_file.partition)
-            by_partition[key] = max(by_partition.get(key, seq), seq)
-    max_global = max(global_seqs, default=-1)
+class EqualityDeleteIndex:
+    """Which equality deletes apply to a data file, by the spec's scoping rules.
 
-    def applies(entry: ManifestEntry) -> bool:
+    A delete applies to data files with a strictly lower data sequence number, in its partition
+    (same spec and partition tuple), or to every partition when its spec is unpartitioned.
+    """
+
+    def __init__(self, specs: dict[int, PartitionSpec], entries: Iterable[ManifestEntry]) -> None:
+        self.global_deletes: list[tuple[int, DataFile]] = []
+        self.by_partition: dict[tuple[int, Record], list[tuple[int, DataFile]]] = defaultdict(list)
+        self.sequence_numbers: dict[str, int] = {}
+        for entry in entries:
+            seq = entry.sequence_number or INITIAL_SEQUENCE_NUMBER
+            delete_file = entry.data_file
+            self.sequence_numbers[delete_file.file_path] = seq
+            if is_unpartitioned(specs[delete_file.spec_id]):
+                self.global_deletes.append((seq, delete_file))
+            else:
+                key = (delete_file.spec_id, delete_file.partition)
+                self.by_partition[key].append((seq, delete_file))
+
+    def for_data_file(self, entry: ManifestEntry) -> list[DataFile]:
         seq = entry.sequence_number or INITIAL_SEQUENCE_NUMBER
         key = (entry.data_file.spec_id, entry.data_file.partition)
-        return max_global > seq or by_partition.get(key, -1) > seq
+        scoped = self.global_deletes + self.by_partition.get(key, [])
+        return [d for delete_seq, d in scoped if delete_seq > seq]
 
-    return applies
+
+def _top_level_ids(schema: Schema) -> set[int]:
+    return {f.field_id for f in schema.fields}
 
 
 def _pack(files: list[InputFile], max_group_size: int) -> list[list[InputFile]]:
@@ -269,9 +284,15 @@ def plan_rewrite(table: Table, identifier: str, options: RewriteOptions) -> Plan
     manifests = [m for m in all_manifests if pruner.manifest_may_match(m)]
     scan = _read_manifests(table, manifests)
     plan.manifest_live_entries = scan.live_entries
-    eq_delete_applies = _equality_delete_checker(table, scan.equality_deletes)
+    equality_deletes = EqualityDeleteIndex(metadata.specs(), scan.equality_deletes)
+    # A global equality delete applies across partitions: which data files it reaches is known
+    # only when no filter pruned any of them (then it can be retired once they are all rewritten).
+    global_targets_complete = isinstance(row_filter, AlwaysTrue)
+    top_level = _top_level_ids(metadata.schema())
 
     candidates: dict[tuple[int, Record], list[InputFile]] = defaultdict(list)
+    specs = metadata.specs()
+    incomplete: set[str] = set()
     delete_targets: dict[str, set[str]] = defaultdict(set)
     delete_by_path: dict[str, DataFile] = {}
     for entry, manifest_path in scan.data:
@@ -279,12 +300,20 @@ def plan_rewrite(table: Table, identifier: str, options: RewriteOptions) -> Plan
         if not pruner.partition_may_match(data_file):
             continue
         seq = entry.sequence_number or INITIAL_SEQUENCE_NUMBER
-        deletes = scan.position_deletes.for_data_file(
-            seq, data_file, partition_key=data_file.partition
+        deletes = sorted(
+            scan.position_deletes.for_data_file(seq, data_file, partition_key=data_file.partition),
+            key=lambda d: d.file_path,
         )
-        for delete_file in deletes:
-            delete_targets[delete_file.file_path].add(data_file.file_path)
-            delete_by_path[delete_file.file_path] = delete_file
+        equality = equality_deletes.for_data_file(entry)
+        for delete_file in deletes + equality:
+            if delete_file.content == DataFileContent.POSITION_DELETES or (
+                global_targets_complete or not is_unpartitioned(specs[delete_file.spec_id])
+            ):
+                delete_targets[delete_file.file_path].add(data_file.file_path)
+                delete_by_path[delete_file.file_path] = delete_file
+            else:
+                incomplete.add(delete_file.file_path)
+        deletes = deletes + equality
         plan.data_files_scanned += 1
         if not pruner.file_may_match(data_file):
             continue
@@ -292,13 +321,12 @@ def plan_rewrite(table: Table, identifier: str, options: RewriteOptions) -> Plan
         wrong_size = size < options.min_file_size or size > options.max_file_size
         if not (wrong_size or len(deletes) >= options.delete_file_threshold):
             continue
-        if eq_delete_applies(entry):
-            plan.skipped["files_with_equality_deletes"] += 1
+        if any(not set(d.equality_ids or ()) <= top_level for d in equality):
+            plan.skipped["equality_deletes_on_columns_no_longer_in_the_schema"] += 1
             continue
         key = (data_file.spec_id, data_file.partition)
         candidates[key].append(InputFile(data_file, seq, tuple(deletes), manifest_path, entry))
 
-    specs = metadata.specs()
     schema = metadata.schema()
     groups: list[FileGroup] = []
     for (spec_id, partition), files in candidates.items():
@@ -319,10 +347,16 @@ def plan_rewrite(table: Table, identifier: str, options: RewriteOptions) -> Plan
         group.group_id = number
     plan.groups = groups
     planned = {f.path for g in groups for f in g.files}
+    plan.equality_delete_sequence_numbers = equality_deletes.sequence_numbers
+    if global_targets_complete:  # delete files that apply to nothing go with the next commit
+        for delete_file in scan.delete_files:
+            if delete_file.file_path not in delete_targets:
+                delete_targets[delete_file.file_path] = set()
+                delete_by_path[delete_file.file_path] = delete_file
     plan.delete_file_targets = {
         path: (delete_by_path[path], frozenset(targets))
         for path, targets in delete_targets.items()
-        if targets & planned
+        if (targets & planned or not targets) and path not in incomplete
     }
     return plan
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyiceberg.manifest import DataFile
+from pyiceberg.manifest import DataFile, DataFileContent
 from pyiceberg.typedef import Record
 from pyiceberg.types import IcebergType
 
@@ -29,7 +29,7 @@ from compactor.iceberg.codec import (
 )
 from compactor.planning.planner import Plan, TaskInput
 
-JSON_VERSION = 1
+JSON_VERSION = 2
 
 
 def _types_to_json(types: PartitionTypes) -> dict[str, list[str]]:
@@ -70,6 +70,8 @@ class RewriteTask:
     read_ahead: int
     file_prefix: str
     inputs: tuple[TaskInput, ...]
+    # The data sequence number of each equality delete of the inputs, by path.
+    equality_delete_sequence_numbers: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def input_bytes(self) -> int:
@@ -77,7 +79,7 @@ class RewriteTask:
 
     @property
     def delete_files(self) -> list[DataFile]:
-        """The position delete files of all inputs, once each, by path."""
+        """The delete files of all inputs, once each, by path."""
         unique = {d.file_path: d for f in self.inputs for d in f.delete_files}
         return [unique[path] for path in sorted(unique)]
 
@@ -100,6 +102,9 @@ class RewriteTask:
                 "read_ahead": self.read_ahead,
                 "file_prefix": self.file_prefix,
                 "delete_files": [encode_data_file(d, types) for d in self.delete_files],
+                "equality_delete_sequence_numbers": dict(
+                    sorted(self.equality_delete_sequence_numbers.items())
+                ),
                 "inputs": [
                     {
                         "data_file": encode_data_file(f.data_file, types),
@@ -140,6 +145,7 @@ class RewriteTask:
             read_ahead=data["read_ahead"],
             file_prefix=data["file_prefix"],
             inputs=inputs,
+            equality_delete_sequence_numbers=data["equality_delete_sequence_numbers"],
         )
 
 
@@ -209,6 +215,12 @@ def plan_tasks(plan: Plan, run_id: str, io_properties: Mapping[str, str]) -> lis
                 read_ahead=plan.options.read_ahead,
                 file_prefix=f"compactor-{run_id}-g{group.group_id:04d}",
                 inputs=inputs,
+                equality_delete_sequence_numbers={
+                    d.file_path: plan.equality_delete_sequence_numbers[d.file_path]
+                    for f in inputs
+                    for d in f.delete_files
+                    if d.content == DataFileContent.EQUALITY_DELETES
+                },
             )
         )
     return tasks

@@ -7,7 +7,7 @@ nothing of the driver's, so it runs wherever :func:`compactor.rewrite.task_runne
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -15,12 +15,13 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.io import FileIO
-from pyiceberg.manifest import DataFile
+from pyiceberg.manifest import DataFile, DataFileContent
 from pyiceberg.table.metadata import TableMetadata
 
 from compactor.errors import CompactorError, DataFileError
 from compactor.iceberg.pyiceberg_compat import read_data_file, read_position_deletes
 from compactor.options import STREAM_FILE_THRESHOLD
+from compactor.rewrite.equality_deletes import EqualityDeleteApplier
 from compactor.rewrite.parquet_output import OutputSpec, RollingParquetWriter
 from compactor.storage.deleter import delete_files
 
@@ -44,6 +45,10 @@ def _describe(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
+def _position_deletes(f: TaskInput) -> list[DataFile]:
+    return [d for d in f.delete_files if d.content == DataFileContent.POSITION_DELETES]
+
+
 def _positions_by_file(io: FileIO, inputs: Sequence[TaskInput]) -> dict[str, list[pa.ChunkedArray]]:
     """Deleted positions per input, from the delete files that apply to that input's entry.
 
@@ -52,7 +57,7 @@ def _positions_by_file(io: FileIO, inputs: Sequence[TaskInput]) -> dict[str, lis
     each input takes positions only from its own ``delete_files``.
     """
     wanted = {f.path for f in inputs}
-    unique = {d.file_path: d for f in inputs for d in f.delete_files}
+    unique = {d.file_path: d for f in inputs for d in _position_deletes(f)}
     read: dict[str, dict[str, pa.ChunkedArray]] = {}
     for _, delete_file in sorted(unique.items()):
         try:
@@ -62,7 +67,7 @@ def _positions_by_file(io: FileIO, inputs: Sequence[TaskInput]) -> dict[str, lis
         read[delete_file.file_path] = {p: a for p, a in by_file.items() if p in wanted}
     positions: dict[str, list[pa.ChunkedArray]] = {}
     for f in inputs:
-        for delete_file in sorted(f.delete_files, key=lambda d: d.file_path):
+        for delete_file in sorted(_position_deletes(f), key=lambda d: d.file_path):
             array = read[delete_file.file_path].get(f.path)
             if array is not None:
                 positions.setdefault(f.path, []).append(array)
@@ -91,16 +96,32 @@ class _OrderedReader:
         metadata: TableMetadata,
         files: Sequence[TaskInput],
         positions: dict[str, list[pa.ChunkedArray]],
+        equality_sequence_numbers: Mapping[str, int],
         read_ahead: int,
     ) -> None:
         self._io, self._metadata, self._positions = io, metadata, positions
         self._files, self._read_ahead = files, read_ahead
+        self._equality = EqualityDeleteApplier(
+            io, metadata.schema(), files, equality_sequence_numbers
+        )
+        # Rows each input lost to equality deletes (each file is read by one thread).
+        self.equality_deleted: dict[str, int] = {}
 
     def _stream(self, f: TaskInput) -> Iterator[pa.RecordBatch]:
         try:
-            yield from read_data_file(
+            drop = self._equality.filter_for(f)
+            deleted = 0
+            for batch in read_data_file(
                 self._io, self._metadata, f.data_file, self._positions.get(f.path)
-            )
+            ):
+                if drop is not None:
+                    rows = batch.num_rows
+                    batch = drop(batch)
+                    deleted += rows - batch.num_rows
+                yield batch
+            self.equality_deleted[f.path] = deleted
+        except CompactorError:
+            raise
         except Exception as exc:
             raise DataFileError(f"data file {f.path}: {_describe(exc)}") from exc
 
@@ -142,6 +163,7 @@ def rewrite_files(
     inputs: Sequence[TaskInput],
     out: OutputSpec,
     *,
+    equality_sequence_numbers: Mapping[str, int],
     read_ahead: int,
     label: str,
     between_files: Callable[[], None],
@@ -149,7 +171,8 @@ def rewrite_files(
 ) -> Rewritten:
     """Rewrite ``inputs`` into new data files; on any failure remove what was written and raise.
 
-    ``between_files`` runs after each input file (it raises to stop); ``on_file_created`` gets
+    ``equality_sequence_numbers`` gives the data sequence number of each equality delete of the
+    inputs. ``between_files`` runs after each input file (it raises to stop); ``on_file_created`` gets
     each output path before its file is created. Checks that every live input row was written:
     rows read plus rows deleted by position deletes must equal each input file's record count.
     ``label`` names the group in errors.
@@ -158,13 +181,16 @@ def rewrite_files(
     result = Rewritten()
     try:
         positions = _positions_by_file(out.io, inputs)
-        reader = _OrderedReader(out.io, out.metadata, inputs, positions, read_ahead)
+        reader = _OrderedReader(
+            out.io, out.metadata, inputs, positions, equality_sequence_numbers, read_ahead
+        )
         for f, batches in reader.batches():
             rows = 0
             for batch in batches:
                 rows += batch.num_rows
                 writer.write(batch)
             deleted = _deleted_count(positions.get(f.path), f.data_file.record_count)
+            deleted += reader.equality_deleted.get(f.path, 0)
             if rows + deleted != f.data_file.record_count:
                 raise DataFileError(
                     f"data file {f.path}: read {rows} live rows + {deleted} deleted, "

@@ -109,6 +109,7 @@ def run_task(task: RewriteTask, cancel: CancelToken | None = None) -> TaskResult
     rewritten = rewrite_files(
         task.inputs,
         out,
+        equality_sequence_numbers=task.equality_delete_sequence_numbers,
         read_ahead=task.read_ahead,
         label=_label(task, metadata),
         between_files=check,

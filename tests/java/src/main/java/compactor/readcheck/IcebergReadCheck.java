@@ -1,8 +1,16 @@
 package compactor.readcheck;
 
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
+import java.io.BufferedReader;
 import java.io.File;
+import java.io.FileDescriptor;
+import java.io.FileOutputStream;
 import java.io.IOException;
+import java.io.InputStreamReader;
 import java.io.PrintStream;
+import java.io.PrintWriter;
+import java.io.StringWriter;
 import java.math.BigDecimal;
 import java.math.MathContext;
 import java.math.RoundingMode;
@@ -50,8 +58,10 @@ import org.apache.iceberg.types.Types;
 /**
  * Reads an Iceberg table with Apache Iceberg's Java library and prints what it sees as JSON.
  *
- * <p>Usage: {@code IcebergReadCheck <metadata.json location>}. For the current table state, every
- * snapshot in the metadata (time travel) and every branch and tag, all live rows are read with
+ * <p>Usage: {@code IcebergReadCheck <metadata.json location> [snapshot id ...]}, or {@code
+ * IcebergReadCheck --serve} for many reads in one JVM (see {@link #serve}). For the current table
+ * state, every snapshot in the metadata (time travel) and every branch and tag, all live rows are
+ * read with
  * {@code IcebergGenerics} (Java's own delete semantics). Every manifest list and every entry of
  * every manifest, deleted entries included, is read and each file's fields are materialised, so a
  * manifest Java cannot decode fails the run. Exits 1 with the exception on stderr on any failure.
@@ -65,8 +75,13 @@ public final class IcebergReadCheck {
   private IcebergReadCheck() {}
 
   public static void main(String[] args) {
+    if (args.length == 1 && args[0].equals("--serve")) {
+      serve();
+      return;
+    }
     if (args.length < 1) {
       System.err.println("usage: IcebergReadCheck <metadata.json location> [snapshot id ...]");
+      System.err.println("       IcebergReadCheck --serve   (one JSON request a line on stdin)");
       System.exit(2);
     }
     String json;
@@ -80,17 +95,74 @@ public final class IcebergReadCheck {
       }
       json = run(args[0], selected);
     } catch (Throwable e) {
-      System.err.println("IcebergReadCheck failed: " + e);
-      for (Throwable cause = e.getCause(); cause != null; cause = cause.getCause()) {
-        System.err.println("caused by: " + cause);
-      }
-      e.printStackTrace(System.err);
+      System.err.print(failure(e));
       System.exit(1);
       return;
     }
     PrintStream out = new PrintStream(System.out, false, StandardCharsets.UTF_8);
     out.println(json);
     out.flush();
+  }
+
+  /**
+   * Serves reads until stdin closes: each request is one line of JSON, {@code
+   * {"metadata_location": "...", "snapshot_ids": null | [id, ...]}}, each answer one line, {@code
+   * {"ok": true, "result": <the document main prints>}} or {@code {"ok": false, "error": "<what
+   * main prints on stderr>"}}. A failed read answers with its error and the server goes on. The
+   * protocol owns stdout: anything else printing there is sent to stderr.
+   */
+  static void serve() {
+    PrintStream protocol =
+        new PrintStream(new FileOutputStream(FileDescriptor.out), false, StandardCharsets.UTF_8);
+    System.setOut(System.err);
+    ObjectMapper mapper = new ObjectMapper();
+    try (BufferedReader in =
+        new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8))) {
+      for (String line = in.readLine(); line != null; line = in.readLine()) {
+        if (line.isBlank()) {
+          continue;
+        }
+        String answer;
+        try {
+          JsonNode request = mapper.readTree(line);
+          JsonNode ids = request.get("snapshot_ids");
+          Set<Long> selected = null;
+          if (ids != null && !ids.isNull()) {
+            selected = new HashSet<>();
+            for (JsonNode id : ids) {
+              selected.add(id.asLong());
+            }
+          }
+          answer = "{\"ok\":true,\"result\":"
+              + run(request.get("metadata_location").asText(), selected) + "}";
+        } catch (Throwable e) {
+          StringBuilder error = new StringBuilder("{\"ok\":false,\"error\":");
+          Json.quote(error, failure(e));
+          answer = error.append('}').toString();
+        }
+        protocol.println(answer);
+        protocol.flush();
+        if (protocol.checkError()) {
+          return; // the client is gone
+        }
+      }
+    } catch (IOException e) {
+      System.err.println("IcebergReadCheck server: reading stdin: " + e);
+      System.exit(1);
+    }
+  }
+
+  /** The failure report: the exception, its causes, then its stack trace. */
+  private static String failure(Throwable e) {
+    StringWriter text = new StringWriter();
+    PrintWriter writer = new PrintWriter(text);
+    writer.println("IcebergReadCheck failed: " + e);
+    for (Throwable cause = e.getCause(); cause != null; cause = cause.getCause()) {
+      writer.println("caused by: " + cause);
+    }
+    e.printStackTrace(writer);
+    writer.flush();
+    return text.toString();
   }
 
   /**
@@ -261,7 +333,7 @@ public final class IcebergReadCheck {
    * times and timestamps with 6 (nanos: 9) fraction digits, timestamptz in UTC with "+00:00";
    * structs as objects in field order; maps as [key, value] pairs sorted by their text.
    */
-  static void canon(StringBuilder sb, Type type, Object value) {
+  public static void canon(StringBuilder sb, Type type, Object value) {
     if (value == null) {
       sb.append("null");
       return;
@@ -396,7 +468,7 @@ public final class IcebergReadCheck {
     ManifestEntries.forEach(
         reader,
         entry -> {
-          info.count(entry.status());
+          info.count(entry.status(), entry.file());
           touchFile(entry.file(), table, spec);
         });
   }
@@ -507,8 +579,25 @@ public final class IcebergReadCheck {
       this.specId = manifest.partitionSpecId();
     }
 
-    void count(int status) {
+    /** Live (existing and added) files by kind: data, equality and position deletes, DVs. */
+    final Map<String, Integer> liveFiles = new TreeMap<>();
+
+    void count(int status, ContentFile<?> file) {
       statusCounts[status]++;
+      if (status != 2) {
+        String kind =
+            switch (file.content()) {
+              case DATA -> "data";
+              case EQUALITY_DELETES -> "equality_deletes";
+              case POSITION_DELETES ->
+                  file instanceof org.apache.iceberg.DeleteFile delete
+                          && delete.contentOffset() != null
+                      ? "deletion_vectors"
+                      : "position_deletes";
+              default -> String.valueOf(file.content()).toLowerCase(java.util.Locale.ROOT);
+            };
+        liveFiles.merge(kind, 1, Integer::sum);
+      }
     }
 
     void write(Json out) {
@@ -522,6 +611,9 @@ public final class IcebergReadCheck {
       out.key("snapshots").begin('[');
       snapshots.forEach(id -> out.raw(Long.toString(id)));
       out.end(']');
+      out.key("live_files").begin('{');
+      liveFiles.forEach((kind, n) -> out.key(kind).raw(Integer.toString(n)));
+      out.end('}');
       out.end('}');
     }
   }
@@ -579,24 +671,26 @@ public final class IcebergReadCheck {
   }
 
   /** A minimal streaming JSON writer: commas are placed automatically. */
-  static final class Json {
+  public static final class Json {
     private final StringBuilder sb = new StringBuilder();
     private boolean needComma = false;
 
-    Json begin(char open) {
+    public Json() {}
+
+    public Json begin(char open) {
       comma();
       sb.append(open);
       needComma = false;
       return this;
     }
 
-    Json end(char close) {
+    public Json end(char close) {
       sb.append(close);
       needComma = true;
       return this;
     }
 
-    Json key(String name) {
+    public Json key(String name) {
       comma();
       quote(sb, name);
       sb.append(':');
@@ -604,7 +698,7 @@ public final class IcebergReadCheck {
       return this;
     }
 
-    Json string(String value) {
+    public Json string(String value) {
       comma();
       if (value == null) {
         sb.append("null");
@@ -615,7 +709,7 @@ public final class IcebergReadCheck {
       return this;
     }
 
-    Json raw(String token) {
+    public Json raw(String token) {
       comma();
       sb.append(token);
       needComma = true;
@@ -634,7 +728,7 @@ public final class IcebergReadCheck {
     }
 
     /** Appends a JSON string exactly as Python's {@code json.dumps} (ensure_ascii) writes it. */
-    static void quote(StringBuilder sb, String s) {
+    public static void quote(StringBuilder sb, String s) {
       sb.append('"');
       for (int i = 0; i < s.length(); i++) {
         char c = s.charAt(i);

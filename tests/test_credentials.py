@@ -1,0 +1,129 @@
+"""Credentials never appear in anything compactor prints, logs or stores, --verbose included."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+from test_s3 import TABLE, make_table
+
+from compactor.daemon.logs import JsonFormatter
+from compactor.redaction import MASK, RedactingFilter, redact, register_secrets
+
+if TYPE_CHECKING:
+    from s3_server import S3Bucket
+
+pytest_plugins = ("s3_server",)
+
+COMPACTOR = Path(sys.executable).parent / "compactor"
+ACCESS_KEY_ID = "AKIACOMPACTORTEST7Q2Z"
+SECRET = "cmp/Secret+Key-9f8e7d6c5b4a3f2e1d0c"
+PASSWORD = "pg-pass-4c1d"
+
+
+def test_secret_shapes_and_registered_values_are_masked() -> None:
+    register_secrets({"s3.secret-access-key": SECRET, "uri": f"postgresql://u:{PASSWORD}@h/db"})
+    line = (
+        "headers={'Authorization': b'AWS4-HMAC-SHA256 Credential=AKIAOTHERKEY00000000/20261123/"
+        "us-east-1/s3/aws4_request, SignedHeaders=host, Signature=0a1b2c3d4e5f', "
+        f"'X-Amz-Security-Token': b'FwoGZX'}} secret={SECRET} password {PASSWORD} key "
+        f"{ACCESS_KEY_ID}"
+    )
+    masked = redact(line)
+    for leaked in (SECRET, PASSWORD, ACCESS_KEY_ID, "AKIAOTHERKEY", "0a1b2c3d4e5f", "FwoGZX"):
+        assert leaked not in masked
+    assert masked.count(MASK) == 6
+
+
+def test_log_records_are_masked_in_message_arguments_fields_and_tracebacks() -> None:
+    register_secrets({"s3.secret-access-key": SECRET})
+    record = logging.LogRecord("botocore", logging.DEBUG, __file__, 1, "sent %s", (SECRET,), None)
+    record.detail = f"key={SECRET}"
+    try:
+        raise RuntimeError(f"refused with {SECRET}")
+    except RuntimeError:
+        record.exc_info = sys.exc_info()
+    assert RedactingFilter().filter(record)
+    text = JsonFormatter().format(record)
+    assert SECRET not in text
+    assert "sent ***" in text and "key=***" in text and "refused with ***" in text
+
+
+def test_a_catalog_that_cannot_load_names_the_missing_driver_and_not_its_password(
+    tmp_path: Path,
+) -> None:
+    env = {
+        **os.environ,
+        "HOME": str(tmp_path),
+        "PYICEBERG_HOME": str(tmp_path),
+        "PYICEBERG_CATALOG__PG__TYPE": "sql",
+        "PYICEBERG_CATALOG__PG__URI": f"postgresql+pg8000://user:{PASSWORD}@127.0.0.1:9/db",
+    }
+    process = subprocess.run(
+        [str(COMPACTOR), "--verbose", "inspect", "--catalog", "pg", "--table", "db.t"],
+        env=env,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=120,
+        check=False,
+    )
+    assert process.returncode == 2, process.stderr
+    last = process.stderr.strip().splitlines()[-1]
+    assert "needs the Python module 'pg8000', which is not installed" in last
+    assert PASSWORD not in process.stdout + process.stderr
+
+
+def test_s3_runs_print_log_and_store_no_credential(
+    s3: S3Bucket, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """run, expire and orphans with --verbose (botocore debug logs) and --json, on moto's S3."""
+    catalog, table = make_table(s3)
+    properties = {
+        "type": "sql",
+        "uri": s3.catalog_uri,
+        "warehouse": s3.warehouse,
+        **s3.properties(),
+        "s3.access-key-id": ACCESS_KEY_ID,
+        "s3.secret-access-key": SECRET,
+    }
+    prefix = f"PYICEBERG_CATALOG__{s3.catalog_name.upper()}__"
+    for key, value in properties.items():
+        monkeypatch.setenv(prefix + key.upper().replace(".", "__").replace("-", "_"), value)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY_ID)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    mark = s3.log.mark()
+    outputs = []
+    for args in (
+        ("run", "--target-file-size", "1MiB", "--allow-small-target", "--min-input-files", "2"),
+        ("expire", "--older-than", "0s"),
+        ("orphans", "--dry-run"),
+    ):
+        process = subprocess.run(
+            [str(COMPACTOR), "--verbose", *args, "--catalog", s3.catalog_name, "--table", TABLE]
+            + ["--json"],
+            cwd=tmp_path,
+            env=dict(os.environ),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=300,
+        )
+        assert process.returncode == 0, process.stderr[-3000:]
+        outputs.append(process.stdout + process.stderr)
+    everything = "\n".join(outputs)
+    # The debug logs were there, and signed requests with our key id reached the server.
+    assert "botocore" in everything and "Authorization" in everything
+    assert any(r.access_key == ACCESS_KEY_ID for r in s3.requests_since(mark))
+    stored = [p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()]
+    for key in s3.objects(catalog.load_table(TABLE).location()):
+        stored.append(s3.client.get_object(Bucket=s3.bucket, Key=key)["Body"].read())
+    for secret in (ACCESS_KEY_ID, SECRET):
+        assert secret not in everything
+        assert not [blob for blob in stored if secret.encode() in blob]
