@@ -206,7 +206,8 @@ def plan_tasks(plan: Plan, run_id: str, io_properties: Mapping[str, str]) -> lis
                 task_id=group.group_id,
                 table=plan.table,
                 metadata_location=plan.metadata_location,
-                io_properties=dict(io_properties),
+                # Strings only: a REST catalog puts its auth manager object among them.
+                io_properties={k: v for k, v in io_properties.items() if isinstance(v, str)},
                 spec_id=group.spec_id,
                 partition=group.partition,
                 partition_types={i: partition_types(specs[i], schema) for i in sorted(spec_ids)},
