@@ -38,7 +38,10 @@ MAX_TARGET_FILE_SIZE = 512 * MiB
 MIN_FILE_SIZE_RATIO = 0.75
 MAX_FILE_SIZE_RATIO = 1.80
 DEFAULT_MIN_INPUT_FILES = 5
-DEFAULT_DELETE_FILE_THRESHOLD = 1
+# Files with many deletes are candidates even when right-sized (as Spark's rewrite_data_files):
+# at least N delete files (off unless given), or deleted rows >= this share of the file's rows.
+DEFAULT_DELETE_FILE_THRESHOLD: int | None = None
+DEFAULT_DELETE_RATIO_THRESHOLD = 0.3
 DEFAULT_MAX_GROUP_SIZE = 100 * GiB
 DEFAULT_ROW_GROUP_SIZE = 128 * MiB
 # Compressed input bytes each group may have read ahead of the writer (bounds memory per worker).
@@ -93,7 +96,8 @@ class RewriteOptions:
 
     target_file_size: int = DEFAULT_TARGET_FILE_SIZE
     min_input_files: int = DEFAULT_MIN_INPUT_FILES
-    delete_file_threshold: int = DEFAULT_DELETE_FILE_THRESHOLD
+    delete_file_threshold: int | None = DEFAULT_DELETE_FILE_THRESHOLD
+    delete_ratio_threshold: float = DEFAULT_DELETE_RATIO_THRESHOLD
     max_group_size: int = DEFAULT_MAX_GROUP_SIZE
     row_group_size: int = DEFAULT_ROW_GROUP_SIZE
     read_ahead: int = DEFAULT_READ_AHEAD
@@ -213,6 +217,11 @@ def _at_least(minimum: int, meaning: str = "") -> AfterValidator:
     return checked(check)
 
 
+def _ratio(value: float, option: str) -> None:
+    if not 0 < value <= 1:
+        raise UsageError(f"{option}: must be above 0 and at most 1, got {value}", option)
+
+
 Size = Annotated[str, checked(parse_size)]
 Filter = Annotated[str, checked(lambda value, _: check_filter_syntax(value))]
 
@@ -229,7 +238,8 @@ class CompactOptions(BaseModel):
     target_file_size: Size | None = None
     allow_small_target: bool = False
     min_input_files: Annotated[int, _at_least(1)] = DEFAULT_MIN_INPUT_FILES
-    delete_file_threshold: Annotated[int, _at_least(1)] = DEFAULT_DELETE_FILE_THRESHOLD
+    delete_file_threshold: Annotated[int, _at_least(1)] | None = DEFAULT_DELETE_FILE_THRESHOLD
+    delete_ratio_threshold: Annotated[float, checked(_ratio)] = DEFAULT_DELETE_RATIO_THRESHOLD
     max_group_size: Size | None = None
     parallelism: Annotated[int, _at_least(1)] | None = None
     where: Filter | None = None
@@ -317,6 +327,7 @@ def resolve_options(table: str, table_properties: dict[str, str], **options: Any
         target_file_size=target,
         min_input_files=given.min_input_files,
         delete_file_threshold=given.delete_file_threshold,
+        delete_ratio_threshold=given.delete_ratio_threshold,
         max_group_size=group,
         row_group_size=row_group if row_group and row_group > 0 else DEFAULT_ROW_GROUP_SIZE,
         parallelism=workers,

@@ -348,7 +348,10 @@ def write_position_delete_file(
     path, size, metadata = _write_parquet(table, data, f"pos-deletes-{uuid.uuid4().hex}.parquet")
     stats = data_file_statistics_from_parquet_metadata(
         parquet_metadata=metadata,
-        stats_columns=compute_statistics_plan(POSITION_DELETE_SCHEMA, {}),
+        # Full file_path bounds, as Java writes them (a file-scoped delete's bounds are its path).
+        stats_columns=compute_statistics_plan(
+            POSITION_DELETE_SCHEMA, {"write.metadata.metrics.column.file_path": "full"}
+        ),
         parquet_column_mapping=parquet_path_to_id_mapping(POSITION_DELETE_SCHEMA),
     ).to_serialized_dict()
     if not path_bounds:

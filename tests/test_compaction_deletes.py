@@ -26,6 +26,7 @@ from pyiceberg.manifest import DataFile, ManifestEntryStatus
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation
 
+import compactor
 from compactor.bench.sample import create_events_table, events_batch
 
 
@@ -219,3 +220,32 @@ def test_delete_file_spanning_two_commits_is_retired_by_the_second(catalog: Cata
     assert result.to_dict()["rewritten_delete_files"] == 1
     assert not gone & set(scan_rows(after).column("event_id").to_pylist())
     assert_same_rows(before, scan_rows(after))
+
+
+def test_right_sized_files_are_rewritten_for_their_deletes_past_spark_thresholds(
+    catalog: Catalog,
+) -> None:
+    """Deleted rows >= --delete-ratio-threshold (0.3) of a file, or >= --delete-file-threshold
+    delete files (off unless given), make a right-sized file a candidate."""
+    table = _events(catalog)
+    sizes = [f.file_size_in_bytes for f in live_data_files(table).values()]
+    assert min(sizes) >= 0.75 * max(sizes)
+    right_sized = {"target_file_size": str(max(sizes)), "allow_small_target": True}
+    assert not compactor.plan(table, **right_sized).groups
+
+    eu = _region_files(table, "eu")
+    heavy, light = eu[0], eu[1]
+    # 40% of one file's rows, 10% of another's: file-scoped deletes (their path bounds).
+    table = commit_delete_files(
+        table,
+        [
+            write_position_delete_file(table, {heavy: range(int(heavy.record_count * 0.4))}),
+            write_position_delete_file(table, {light: range(int(light.record_count * 0.1))}),
+        ],
+    )
+    planned = {f.path for g in compactor.plan(table, **right_sized).groups for f in g.files}
+    assert planned == {heavy.file_path}
+    lenient = compactor.plan(table, **right_sized, delete_ratio_threshold=0.5).groups
+    assert not lenient
+    by_count = compactor.plan(table, **right_sized, delete_file_threshold=1).groups
+    assert {f.path for g in by_count for f in g.files} == {heavy.file_path, light.file_path}

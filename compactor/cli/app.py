@@ -29,6 +29,7 @@ from compactor.errors import CompactorError, ConfigError
 from compactor.options import (
     DEFAULT_COMMIT_EVERY,
     DEFAULT_DELETE_FILE_THRESHOLD,
+    DEFAULT_DELETE_RATIO_THRESHOLD,
     DEFAULT_EXECUTOR,
     DEFAULT_MAX_COMMITS,
     DEFAULT_MIN_INPUT_FILES,
@@ -240,9 +241,19 @@ def run(
         ),
     ] = DEFAULT_MIN_INPUT_FILES,
     delete_file_threshold: Annotated[
-        int,
-        typer.Option(help="Rewrite any data file with at least this many position delete files."),
+        int | None,
+        typer.Option(
+            help="Rewrite any data file with at least this many delete files (position or "
+            "equality) applying to it, whatever its size. Default: off (as Spark)."
+        ),
     ] = DEFAULT_DELETE_FILE_THRESHOLD,
+    delete_ratio_threshold: Annotated[
+        float,
+        typer.Option(
+            help="Rewrite any data file whose position deletes remove at least this share of "
+            "its rows, whatever its size (as Spark's delete-ratio-threshold)."
+        ),
+    ] = DEFAULT_DELETE_RATIO_THRESHOLD,
     max_group_size: Annotated[
         str | None, typer.Option(help="Largest amount of input in one group (default 100GiB).")
     ] = None,
@@ -310,6 +321,7 @@ def run(
             allow_small_target=allow_small_target,
             min_input_files=min_input_files,
             delete_file_threshold=delete_file_threshold,
+            delete_ratio_threshold=delete_ratio_threshold,
             max_group_size=max_group_size,
             parallelism=parallelism,
             where=where,

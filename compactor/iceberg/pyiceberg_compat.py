@@ -278,3 +278,21 @@ def manifest_writer(
             f"cannot write a {content.name.lower()} manifest for format version {format_version}"
         )
     return writer(spec, schema, output_file, snapshot_id, avro_compression)
+
+
+POSITION_DELETE_FILE_PATH_ID = 2147483546
+POSITION_DELETE_POS_ID = 2147483545
+
+
+def position_delete_schema() -> tuple[Schema, pa.Schema]:
+    """The spec's position delete file schema (``file_path``, ``pos``), and in Arrow with field ids.
+
+    pyiceberg's own ``POSITIONAL_DELETE_SCHEMA`` types ``pos`` as int; the spec says long.
+    """
+    from pyiceberg.types import LongType, StringType
+
+    schema = Schema(
+        NestedField(POSITION_DELETE_FILE_PATH_ID, "file_path", StringType(), required=True),
+        NestedField(POSITION_DELETE_POS_ID, "pos", LongType(), required=True),
+    )
+    return schema, schema_to_pyarrow(schema, include_field_ids=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +38,8 @@ from compactor.iceberg.pyiceberg_compat import DeleteFileIndex, FilePruner
 from compactor.options import RewriteOptions
 
 MANIFEST_READERS = 8
+# Field id of ``file_path`` in position delete files (the spec's reserved id).
+DELETE_FILE_PATH_ID = 2147483546
 
 
 @dataclass(frozen=True)
@@ -243,6 +245,36 @@ def _top_level_ids(schema: Schema) -> set[int]:
     return {f.field_id for f in schema.fields}
 
 
+def file_scoped_deleted_rows(data_file: DataFile, deletes: Iterable[DataFile]) -> int:
+    """Rows of ``data_file`` its file-scoped position deletes remove (at most its record count).
+
+    As Java's planner: a position delete file whose ``file_path`` bounds are both this file's
+    path deletes only rows of this file, so its record count counts; others are not counted.
+    """
+    path = data_file.file_path.encode()
+    rows = 0
+    for d in deletes:
+        if d.content != DataFileContent.POSITION_DELETES:
+            continue
+        lower, upper = (d.lower_bounds or {}), (d.upper_bounds or {})
+        if lower.get(DELETE_FILE_PATH_ID) == upper.get(DELETE_FILE_PATH_ID) == path:
+            rows += d.record_count
+    return min(rows, data_file.record_count)
+
+
+def too_many_deletes(
+    data_file: DataFile, deletes: Sequence[DataFile], options: RewriteOptions
+) -> bool:
+    """Whether a file's deletes make it a candidate whatever its size (Spark's thresholds)."""
+    threshold = options.delete_file_threshold
+    if threshold is not None and len(deletes) >= threshold:
+        return True
+    deleted = file_scoped_deleted_rows(data_file, deletes)
+    return data_file.record_count > 0 and deleted / data_file.record_count >= (
+        options.delete_ratio_threshold
+    )
+
+
 def _pack(files: list[InputFile], max_group_size: int) -> list[list[InputFile]]:
     """Fill groups in write order up to ``max_group_size`` (keeps clustered data together)."""
     bins: list[list[InputFile]] = [[]]
@@ -319,7 +351,7 @@ def plan_rewrite(table: Table, identifier: str, options: RewriteOptions) -> Plan
             continue
         size = data_file.file_size_in_bytes
         wrong_size = size < options.min_file_size or size > options.max_file_size
-        if not (wrong_size or len(deletes) >= options.delete_file_threshold):
+        if not (wrong_size or too_many_deletes(data_file, deletes, options)):
             continue
         if any(not set(d.equality_ids or ()) <= top_level for d in equality):
             plan.skipped["equality_deletes_on_columns_no_longer_in_the_schema"] += 1
@@ -364,7 +396,7 @@ def plan_rewrite(table: Table, identifier: str, options: RewriteOptions) -> Plan
 def _skip_reason(group: FileGroup, options: RewriteOptions) -> str | None:
     """Why a group would not help (None when it should be rewritten)."""
     too_large = any(f.size > options.max_file_size for f in group.files)
-    has_deletes = any(len(f.delete_files) >= options.delete_file_threshold for f in group.files)
+    has_deletes = any(too_many_deletes(f.data_file, f.delete_files, options) for f in group.files)
     if too_large or has_deletes:
         return None
     count = len(group.files)
