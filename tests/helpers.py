@@ -8,7 +8,6 @@ position and equality delete files with pyiceberg's low-level manifest/snapshot 
 from __future__ import annotations
 
 import math
-import uuid
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -19,43 +18,22 @@ import pyarrow.parquet as pq
 from java_reader import assert_java_reads_same
 from pyiceberg.catalog import Catalog
 from pyiceberg.expressions import BooleanExpression
-from pyiceberg.io.pyarrow import (
-    compute_statistics_plan,
-    data_file_statistics_from_parquet_metadata,
-    parquet_path_to_id_mapping,
-    schema_to_pyarrow,
-)
 from pyiceberg.manifest import (
     DataFile,
     DataFileContent,
-    FileFormat,
     ManifestContent,
     ManifestEntry,
-    ManifestEntryStatus,
-    write_manifest_list,
 )
-from pyiceberg.schema import Schema
 from pyiceberg.table import Table
-from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
 from pyiceberg.table.snapshots import (
     Operation,
     Snapshot,
-    SnapshotSummaryCollector,
-    Summary,
-    update_snapshot_summaries,
-)
-from pyiceberg.table.update import (
-    AddSnapshotUpdate,
-    AssertRefSnapshotId,
-    AssertTableUUID,
-    SetSnapshotRefUpdate,
 )
 from pyiceberg.typedef import Record
-from pyiceberg.types import LongType, NestedField, StringType
 
 from compactor import __version__
 from compactor.compaction import RunResult, compact
-from compactor.iceberg.pyiceberg_compat import manifest_writer
+from compactor.iceberg import delete_files
 from compactor.iceberg.references import table_references
 from compactor.options import SNAPSHOT_PROPERTY_TOOL, resolve_options
 
@@ -310,23 +288,8 @@ def new_data_files(before: Table, after: Table) -> list[DataFile]:
 # Merge-on-read deletes (pyiceberg 0.12 cannot write them)
 # --------------------------------------------------------------------------------------------
 
+
 # The spec's position delete schema (pyiceberg's POSITIONAL_DELETE_SCHEMA types ``pos`` as int).
-POSITION_DELETE_SCHEMA = Schema(
-    NestedField(2147483546, "file_path", StringType(), required=True),
-    NestedField(2147483545, "pos", LongType(), required=True),
-)
-
-
-def _write_parquet(table: Table, data: pa.Table, name: str) -> tuple[str, int, pq.FileMetaData]:
-    path = table.location_provider().new_data_location(name)
-    with table.io.new_output(path).create(overwrite=False) as stream:
-        writer = pq.ParquetWriter(stream, data.schema)
-        writer.write_table(data)
-        writer.close()
-        metadata = writer.writer.metadata
-    return path, len(table.io.new_input(path)), metadata
-
-
 def write_position_delete_file(
     table: Table, deletes: Mapping[DataFile, Iterable[int]], *, path_bounds: bool = True
 ) -> DataFile:
@@ -340,36 +303,11 @@ def write_position_delete_file(
     spec_ids = {f.spec_id for f in files}
     partitions = {f.partition for f in files}
     assert len(spec_ids) == 1 and len(partitions) == 1, "delete file must cover one partition"
-    rows = sorted((f.file_path, int(p)) for f in files for p in deletes[f])
-    arrow_schema = schema_to_pyarrow(POSITION_DELETE_SCHEMA, include_field_ids=True)
-    data = pa.table(
-        {"file_path": [r[0] for r in rows], "pos": [r[1] for r in rows]}, schema=arrow_schema
+    rows = [(f.file_path, int(p)) for f in files for p in deletes[f]]
+    data = pa.table({"file_path": [r[0] for r in rows], "pos": [r[1] for r in rows]})
+    return delete_files.write_position_delete_file(
+        table, data, spec_id=files[0].spec_id, partition=files[0].partition, path_bounds=path_bounds
     )
-    path, size, metadata = _write_parquet(table, data, f"pos-deletes-{uuid.uuid4().hex}.parquet")
-    stats = data_file_statistics_from_parquet_metadata(
-        parquet_metadata=metadata,
-        # Full file_path bounds, as Java writes them (a file-scoped delete's bounds are its path).
-        stats_columns=compute_statistics_plan(
-            POSITION_DELETE_SCHEMA, {"write.metadata.metrics.column.file_path": "full"}
-        ),
-        parquet_column_mapping=parquet_path_to_id_mapping(POSITION_DELETE_SCHEMA),
-    ).to_serialized_dict()
-    if not path_bounds:
-        for key in ("lower_bounds", "upper_bounds"):
-            stats[key] = {k: v for k, v in stats[key].items() if k != 2147483546}
-    delete_file = DataFile.from_args(
-        content=DataFileContent.POSITION_DELETES,
-        file_path=path,
-        file_format=FileFormat.PARQUET,
-        partition=files[0].partition,
-        file_size_in_bytes=size,
-        sort_order_id=None,
-        equality_ids=None,
-        key_metadata=None,
-        **stats,
-    )
-    delete_file.spec_id = files[0].spec_id
-    return delete_file
 
 
 def write_equality_delete_file(
@@ -381,129 +319,19 @@ def write_equality_delete_file(
     partition: Record,
 ) -> DataFile:
     """Write a Parquet equality delete file on ``columns`` (table column names)."""
-    schema = table.schema()
-    fields = [schema.find_field(name) for name in columns]
-    delete_schema = Schema(*fields)
-    arrow_schema = schema_to_pyarrow(delete_schema, include_field_ids=True)
-    data = pa.table(
-        {name: [r[i] for r in rows] for i, name in enumerate(columns)}, schema=arrow_schema
+    schema = table.schema().as_arrow()
+    keys = pa.table(
+        {
+            name: pa.array([r[i] for r in rows], schema.field(name).type)
+            for i, name in enumerate(columns)
+        }
     )
-    path, size, metadata = _write_parquet(table, data, f"eq-deletes-{uuid.uuid4().hex}.parquet")
-    stats = data_file_statistics_from_parquet_metadata(
-        parquet_metadata=metadata,
-        stats_columns=compute_statistics_plan(delete_schema, {}),
-        parquet_column_mapping=parquet_path_to_id_mapping(delete_schema),
-    ).to_serialized_dict()
-    delete_file = DataFile.from_args(
-        content=DataFileContent.EQUALITY_DELETES,
-        file_path=path,
-        file_format=FileFormat.PARQUET,
-        partition=partition,
-        file_size_in_bytes=size,
-        sort_order_id=None,
-        equality_ids=[f.field_id for f in fields],
-        key_metadata=None,
-        **stats,
+    return delete_files.write_equality_delete_file(
+        table, keys, spec_id=spec_id, partition=partition
     )
-    delete_file.spec_id = spec_id
-    return delete_file
 
 
-def commit_delete_files(
-    table: Table, delete_files: Sequence[DataFile], operation: Operation = Operation.DELETE
-) -> Table:
-    """Commit ``delete_files`` in a new snapshot on main (v2 tables); returns the refreshed table.
-
-    Carries the head's manifests over, adds one delete manifest per spec, assigns the next
-    sequence number, and commits with the same requirements pyiceberg's own writes use.
-    """
-    metadata = table.metadata
-    assert metadata.format_version == 2, "merge-on-read deletes need format version 2"
-    head = table.current_snapshot()
-    assert head is not None
-    snapshot_id = metadata.new_snapshot_id()
-    sequence_number = metadata.next_sequence_number()
-    commit_uuid = uuid.uuid4()
-    locations = table.location_provider()
-    by_spec: dict[int, list[DataFile]] = {}
-    for delete_file in delete_files:
-        assert delete_file.content != DataFileContent.DATA
-        by_spec.setdefault(delete_file.spec_id, []).append(delete_file)
-
-    new_manifests = []
-    for index, (spec_id, files) in enumerate(sorted(by_spec.items())):
-        output = table.io.new_output(
-            locations.new_metadata_location(f"{commit_uuid}-d{index}.avro")
-        )
-        with manifest_writer(
-            ManifestContent.DELETES,
-            2,
-            metadata.specs()[spec_id],
-            metadata.schema(),
-            output,
-            snapshot_id,
-            "deflate",
-        ) as writer:
-            for delete_file in files:
-                writer.add_entry(
-                    ManifestEntry.from_args(
-                        status=ManifestEntryStatus.ADDED,
-                        snapshot_id=snapshot_id,
-                        sequence_number=None,
-                        file_sequence_number=None,
-                        data_file=delete_file,
-                    )
-                )
-        new_manifests.append(writer.to_manifest_file())
-
-    manifest_list = locations.new_metadata_location(f"snap-{snapshot_id}-0-{commit_uuid}.avro")
-    with write_manifest_list(
-        format_version=2,
-        output_file=table.io.new_output(manifest_list),
-        snapshot_id=snapshot_id,
-        parent_snapshot_id=head.snapshot_id,
-        sequence_number=sequence_number,
-        avro_compression="deflate",
-    ) as list_writer:
-        list_writer.add_manifests(head.manifests(table.io) + new_manifests)
-
-    collector = SnapshotSummaryCollector()
-    for delete_file in delete_files:
-        collector.add_file(
-            delete_file,
-            schema=metadata.schema(),
-            partition_spec=metadata.specs()[delete_file.spec_id],
-        )
-    summary = update_snapshot_summaries(
-        Summary(operation=operation, **collector.build()),
-        previous_summary=head.summary.additional_properties if head.summary else None,
-    )
-    snapshot = Snapshot(
-        snapshot_id=snapshot_id,
-        parent_snapshot_id=head.snapshot_id,
-        sequence_number=sequence_number,
-        manifest_list=manifest_list,
-        summary=summary,
-        schema_id=metadata.current_schema_id,
-    )
-    table.catalog.commit_table(
-        table,
-        (
-            AssertTableUUID(uuid=metadata.table_uuid),
-            AssertRefSnapshotId(ref=MAIN_BRANCH, snapshot_id=head.snapshot_id),
-        ),
-        (
-            AddSnapshotUpdate(snapshot=snapshot),
-            SetSnapshotRefUpdate(
-                ref_name=MAIN_BRANCH,
-                type=SnapshotRefType.BRANCH,
-                snapshot_id=snapshot_id,
-                parent_snapshot_id=head.snapshot_id,
-            ),
-        ),
-    )
-    table.refresh()
-    return table
+commit_delete_files = delete_files.commit_delete_files
 
 
 def unreferenced_files(table: Table) -> list[str]:

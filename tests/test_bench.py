@@ -128,7 +128,14 @@ REWRITE_SCHEMA = {
     **COMMON,
     "input": {"table": str, "files": int, "bytes": int, "rows": int, "commits": int},
     "floor": PHASE,
-    "compactor": {**PHASE, "input_files": int, "groups": int, "parallelism": int},
+    "compactor": {
+        **PHASE,
+        "input_files": int,
+        "groups": int,
+        "parallelism": int,
+        "records_written": int,
+        "rows_deleted": int,
+    },
     "fraction_of_floor": float,
 }
 
@@ -310,6 +317,7 @@ def test_same_results_ignores_row_order_and_float_noise_only() -> None:
 
 
 def test_rewrite_bench_reports_compactor_beside_the_pyarrow_floor(tmp_path: Path) -> None:
+    """On a CDC table: a fifth of its keys deleted by equality deletes, applied by compactor."""
     _, report = bench(
         tmp_path,
         "rewrite",
@@ -322,6 +330,8 @@ def test_rewrite_bench_reports_compactor_beside_the_pyarrow_floor(tmp_path: Path
         "--target-file-size",
         "1MB",
         "--allow-small-target",
+        "--equality-deletes",
+        "0.2",
     )
 
     assert_schema(report, REWRITE_SCHEMA)
@@ -330,6 +340,10 @@ def test_rewrite_bench_reports_compactor_beside_the_pyarrow_floor(tmp_path: Path
     assert source["files"] == source["commits"] > 20
     floor, compacted = report["floor"], report["compactor"]
     assert compacted["input_files"] == source["files"]
+    deletes = source["equality_deletes"]
+    assert deletes["files"] == 10 and deletes["keys"] > 0
+    assert compacted["records_written"] + compacted["rows_deleted"] == source["rows"]
+    assert 0.1 < compacted["rows_deleted"] / source["rows"] < 0.3
     for phase in (floor, compacted):
         assert 0 < phase["output_files"] < source["files"]
         assert phase["output_bytes"] == sum(phase["output_file_sizes"])
@@ -357,7 +371,17 @@ def test_bench_help_explains_every_option(tmp_path: Path) -> None:
                 "--json",
             ),
         ),
-        ("rewrite", ("--input-size", "--file-size", "--target-file-size", "--out", "--json")),
+        (
+            "rewrite",
+            (
+                "--input-size",
+                "--file-size",
+                "--target-file-size",
+                "--equality-deletes",
+                "--out",
+                "--json",
+            ),
+        ),
     ):
         result = run_cli(tmp_path, "bench", command, "--help")
         assert result.returncode == 0, result.stderr

@@ -9,6 +9,10 @@ same files, each in a fresh process so its peak RSS is its own:
   compression settings and row groups of at most ``write.parquet.row-group-size-bytes``;
 - **compactor**: ``compact()`` on the table, as ``compactor run`` would (plan, rewrite tasks on
   the default executor through the Iceberg read path, commit).
+
+With ``--equality-deletes F`` a fraction F of store_sales' keys (``ss_item_sk``,
+``ss_ticket_number``; every copy of each) is deleted by equality deletes committed after the
+data, as a CDC source leaves them: compactor applies them while rewriting (the floor does not).
 """
 
 from __future__ import annotations
@@ -24,19 +28,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
+from pyiceberg.table import Table
+from pyiceberg.typedef import Record
 
 from compactor.bench.progress import Steps
 from compactor.bench.tpcds import GENERATOR_FILE, NAMESPACE, generate, load_table
 from compactor.bench.warehouse import Warehouse
+from compactor.errors import UsageError
+from compactor.iceberg.delete_files import commit_delete_files, write_equality_delete_file
 from compactor.iceberg.duckdb_views import snapshot_files
 from compactor.iceberg.pyiceberg_compat import parquet_writer_kwargs
 from compactor.options import resolve_options
 
 MB = 10**6
 TABLE = "store_sales"
+# store_sales' key, and how many commits --equality-deletes spreads its deletes over.
+DELETE_KEY = ("ss_item_sk", "ss_ticket_number")
+DELETE_COMMITS = 10
 # A file is closed once it is this close to the target (as compactor's writer does).
 FILL_RATIO = 0.97
 
@@ -50,6 +62,7 @@ class RewriteParameters:
     file_size: int
     target_file_size: str
     allow_small_target: bool
+    equality_deletes: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return dict(vars(self))
@@ -176,7 +189,35 @@ def compactor_phase(
         "input_files": sum(len(g.files) for g in result.committed_groups),
         "groups": len(result.plan.groups),
         "parallelism": options.parallelism,
+        "records_written": sum(r.records_read for r in result.committed),
+        "rows_deleted": sum(r.rows_deleted for r in result.committed),
     }
+
+
+def add_equality_deletes(
+    generator: duckdb.DuckDBPyConnection, table: Table, fraction: float
+) -> dict[str, Any]:
+    """Delete ``fraction`` of store_sales' keys (every copy) with equality deletes, as a CDC
+    source would: DELETE_COMMITS commits of one delete file each, all newer than the data."""
+    percent = round(fraction * 100, 6)
+    keys = generator.execute(
+        f"SELECT DISTINCT {', '.join(DELETE_KEY)} FROM {TABLE} "
+        f"USING SAMPLE {percent} PERCENT (bernoulli, 42)"
+    ).fetch_arrow_table()
+    if keys.num_rows == 0:
+        return {"keys": 0, "files": 0, "fraction": fraction}
+    spec = table.spec()
+    if spec.fields:
+        raise UsageError(f"table {NAMESPACE}.{TABLE}: equality deletes need it unpartitioned")
+    per_file = -(-keys.num_rows // DELETE_COMMITS)
+    files = 0
+    for start in range(0, keys.num_rows, per_file):
+        delete_file = write_equality_delete_file(
+            table, keys.slice(start, per_file), spec_id=spec.spec_id, partition=Record()
+        )
+        table = commit_delete_files(table, [delete_file])
+        files += 1
+    return {"keys": keys.num_rows, "files": files, "fraction": fraction}
 
 
 def in_fresh_process(function: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
@@ -202,11 +243,21 @@ def run_rewrite_benchmark(
                 until_bytes=parameters.input_size,
                 on_commit=lambda _, size: advance(size),
             )
+        steps.note(
+            f"loaded {TABLE}: {loaded.files} files, {loaded.bytes / MB:.1f} MB in "
+            f"{loaded.commits} commits"
+        )
+        floor_inputs = snapshot_files(table)  # the data files, before any delete
+        deletes: dict[str, Any] = {}
+        if parameters.equality_deletes > 0:
+            with steps.step(f"equality deletes on {', '.join(DELETE_KEY)}"):
+                deletes = add_equality_deletes(generator, table, parameters.equality_deletes)
+            table = catalog.load_table(f"{NAMESPACE}.{TABLE}")
+            steps.note(
+                f"{deletes['keys']} keys deleted in {deletes['files']} equality-delete files"
+            )
     finally:
         generator.close()
-    steps.note(
-        f"loaded {TABLE}: {loaded.files} files, {loaded.bytes / MB:.1f} MB in {loaded.commits} commits"
-    )
     options = resolve_options(
         TABLE,
         table.metadata.properties,
@@ -220,7 +271,7 @@ def run_rewrite_benchmark(
         with steps.step("raw pyarrow floor (fresh process)"):
             floor = in_fresh_process(
                 floor_phase,
-                snapshot_files(table),
+                floor_inputs,
                 str(floor_dir),
                 loaded.bytes,
                 options.target_file_size,
@@ -239,7 +290,12 @@ def run_rewrite_benchmark(
         )
     steps.note(f"compactor: {compacted['mb_per_s']:.1f} MB/s")
     return {
-        "input": {**loaded.to_dict(), "table": f"{NAMESPACE}.{TABLE}", "rows": loaded.rows_loaded},
+        "input": {
+            **loaded.to_dict(),
+            "table": f"{NAMESPACE}.{TABLE}",
+            "rows": loaded.rows_loaded,
+            "equality_deletes": deletes,
+        },
         "floor": floor,
         "compactor": compacted,
         "fraction_of_floor": round(compacted["mb_per_s"] / floor["mb_per_s"], 3)

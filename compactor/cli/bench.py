@@ -181,6 +181,13 @@ def rewrite(
             "reach --input-size)."
         ),
     ] = 1.0,
+    equality_deletes: Annotated[
+        float,
+        typer.Option(
+            help="Delete this fraction of store_sales' keys with equality deletes first (a CDC "
+            "table); compactor applies them while rewriting, the floor does not."
+        ),
+    ] = 0.0,
     workdir: WorkdirOpt = None,
     out: OutOpt = Path("bench-report"),
     as_json: JsonOpt = False,
@@ -194,6 +201,9 @@ def rewrite(
     RSS and output files, and compactor's MB/s as a fraction of the floor's.
 
     Example: compactor bench rewrite --input-size 1GB --file-size 1MB --out bench-rewrite
+
+    A CDC table, 10% of its rows deleted by equality deletes:
+    compactor bench rewrite --input-size 1GB --equality-deletes 0.1 --out bench-cdc
     """
 
     def go() -> None:
@@ -211,9 +221,12 @@ def rewrite(
             file_size=parse_size(file_size, "--file-size"),
             target_file_size=target_file_size,
             allow_small_target=allow_small_target,
+            equality_deletes=equality_deletes,
         )
         if parameters.input_size <= 0 or parameters.file_size <= 0:
             raise UsageError("--input-size and --file-size must be above 0")
+        if not 0 <= equality_deletes < 1:
+            raise UsageError(f"--equality-deletes {equality_deletes}: must be in [0, 1)")
         resolve_options(
             "tpcds", {}, target_file_size=target_file_size, allow_small_target=allow_small_target
         )

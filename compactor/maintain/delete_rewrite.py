@@ -38,6 +38,7 @@ row, the path dictionary-shared by Arrow per file).
 from __future__ import annotations
 
 import logging
+import math
 import time
 import uuid
 from collections import Counter, defaultdict
@@ -110,7 +111,7 @@ DELETE_TARGET_FILE_SIZE_PROPERTY = "write.delete.target-file-size-bytes"
 DEFAULT_DELETE_TARGET_FILE_SIZE = 64 * 1024 * 1024  # Iceberg's default
 MANIFEST_READERS = 8
 FILL_RATIO = 0.97
-FIRST_ROW_GROUP_ROWS = 64 * 1024
+MAX_ROW_GROUP_ROWS = 1024 * 1024
 MIN_ROW_GROUP_ROWS = 1024
 # Java writes file_path and pos of position deletes with full metrics whatever the table says:
 # readers use the file_path bounds to scope a delete file to one data file.
@@ -155,12 +156,20 @@ class DeleteGroup:
     def paths(self) -> set[str]:
         return {e.data_file.file_path for e in self.entries}
 
+    def expected_output_files(self, target_file_size: int) -> int:
+        """Files the rewrite writes (or, not written yet, would: sized by the inputs' bytes)."""
+        if self.outputs or not self.rows_written:
+            return len(self.outputs)
+        input_bytes = sum(d.file_size_in_bytes for d in self.delete_files)
+        estimate = input_bytes * self.rows_written / max(self.rows_read, 1)
+        return max(1, math.ceil(estimate / target_file_size))
+
     @property
     def data_sequence_number(self) -> int:
         """The largest data sequence number of the replaced files: the new files get it."""
         return max(_sequence_number(e) for e in self.entries)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self, target_file_size: int) -> dict[str, Any]:
         return {
             "group_id": self.group_id,
             "spec_id": self.spec_id,
@@ -171,7 +180,7 @@ class DeleteGroup:
             "dangling_rows": self.dangling_rows,
             "duplicate_rows": self.duplicate_rows,
             "rows_written": self.rows_written,
-            "added_files": len(self.outputs),
+            "added_files": self.expected_output_files(target_file_size),
         }
 
 
@@ -205,7 +214,7 @@ class DeleteRewriteResult:
 
     @property
     def files_added(self) -> int:
-        return sum(len(g.outputs) for g in self._done)
+        return sum(g.expected_output_files(self.target_file_size) for g in self._done)
 
     @property
     def dangling_rows_dropped(self) -> int:
@@ -231,7 +240,7 @@ class DeleteRewriteResult:
             "rows_written": sum(g.rows_written for g in done),
             "dangling_rows_dropped": self.dangling_rows_dropped,
             "duplicate_rows_dropped": sum(g.duplicate_rows for g in done),
-            "groups": [g.summary() for g in self.groups],
+            "groups": [g.summary(self.target_file_size) for g in self.groups],
             "committed_groups": len(self.committed),
             "conflicts": [
                 {"group_id": gid, "reason": reason}
@@ -518,7 +527,6 @@ def _kept_rows(
     """The rows that still apply to a live data file, unique and sorted; or why to leave it."""
     unique_paths = pc.unique(rows.column("file_path")).to_pylist()
     live_seqs: list[int | None] = []
-    targets = set()
     for path in unique_paths:
         files = live.get(path, [])
         if len(files) > 1:
@@ -540,12 +548,8 @@ def _kept_rows(
     unique = kept.group_by(["file_path", "pos"]).aggregate([])
     group.duplicate_rows = kept.num_rows - unique.num_rows
     unique = unique.sort_by([("file_path", "ascending"), ("pos", "ascending")])
-    for path, seq in zip(unique_paths, live_seqs, strict=True):
-        if seq is not None:
-            targets.add(path)
-    # A path is a target only if some row of it was kept (a row of an older delete may not be).
+    # The data files the new file applies to: those with a kept row.
     group.target_paths = frozenset(pc.unique(unique.column("file_path")).to_pylist())
-    assert group.target_paths <= targets
     return unique, None
 
 
@@ -595,7 +599,9 @@ def _write_delete_files(
     locations = table.location_provider()
     outputs: list[DataFile] = []
     offset, counter = 0, 0
-    bytes_per_row = 0.0
+    # On-disk bytes per row: from the inputs until the first row group tells.
+    input_bytes = sum(d.file_size_in_bytes for d in group.delete_files)
+    bytes_per_row = input_bytes / max(group.rows_read, 1)
     while offset < rows.num_rows:
         first_row = offset
         name = (
@@ -610,11 +616,8 @@ def _write_delete_files(
             try:
                 while offset < rows.num_rows:
                     written = stream.tell()
-                    if bytes_per_row > 0:
-                        room = max(target_file_size - written, 0) / bytes_per_row
-                        chunk = max(MIN_ROW_GROUP_ROWS, int(room))
-                    else:
-                        chunk = FIRST_ROW_GROUP_ROWS
+                    room = max(target_file_size - written, 0) / max(bytes_per_row, 1e-3)
+                    chunk = min(MAX_ROW_GROUP_ROWS, max(MIN_ROW_GROUP_ROWS, int(room)))
                     part = rows.slice(offset, chunk)
                     parquet.write_table(part, row_group_size=max(part.num_rows, 1))
                     offset += part.num_rows

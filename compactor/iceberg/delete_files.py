@@ -1,0 +1,239 @@
+"""Write and commit delete files (position and equality), which pyiceberg 0.12 cannot.
+
+For benchmarks that build CDC-like tables and for tests; compaction itself never adds a delete.
+Files are Parquet with the spec's field ids and column metrics; a commit adds one delete
+manifest per partition spec in a new snapshot on main, validated like pyiceberg's own writes.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyiceberg.io.pyarrow import (
+    compute_statistics_plan,
+    data_file_statistics_from_parquet_metadata,
+    parquet_path_to_id_mapping,
+    schema_to_pyarrow,
+)
+from pyiceberg.manifest import (
+    DataFile,
+    DataFileContent,
+    FileFormat,
+    ManifestContent,
+    ManifestEntry,
+    ManifestEntryStatus,
+    write_manifest_list,
+)
+from pyiceberg.schema import Schema
+from pyiceberg.table import Table
+from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
+from pyiceberg.table.snapshots import (
+    Operation,
+    Snapshot,
+    SnapshotSummaryCollector,
+    Summary,
+    update_snapshot_summaries,
+)
+from pyiceberg.table.update import (
+    AddSnapshotUpdate,
+    AssertRefSnapshotId,
+    AssertTableUUID,
+    SetSnapshotRefUpdate,
+)
+from pyiceberg.typedef import Record
+from pyiceberg.types import LongType, NestedField, StringType
+
+from compactor.errors import UnsupportedTableError
+from compactor.iceberg.pyiceberg_compat import manifest_writer
+
+POSITION_DELETE_SCHEMA = Schema(
+    NestedField(2147483546, "file_path", StringType(), required=True),
+    NestedField(2147483545, "pos", LongType(), required=True),
+)
+# A position delete's file_path bounds in full, as Java writes them: equal bounds scope the
+# delete file to one data file.
+FULL_FILE_PATH_METRICS = {"write.metadata.metrics.column.file_path": "full"}
+
+
+def _write(
+    table: Table,
+    data: pa.Table,
+    schema: Schema,
+    name: str,
+    properties: dict[str, str],
+    **fields: object,
+) -> DataFile:
+    path = table.location_provider().new_data_location(f"{name}-{uuid.uuid4().hex}.parquet")
+    with table.io.new_output(path).create(overwrite=False) as stream:
+        writer = pq.ParquetWriter(stream, data.schema)
+        writer.write_table(data)
+        writer.close()
+        parquet_metadata = writer.writer.metadata
+    stats = data_file_statistics_from_parquet_metadata(
+        parquet_metadata=parquet_metadata,
+        stats_columns=compute_statistics_plan(schema, properties),
+        parquet_column_mapping=parquet_path_to_id_mapping(schema),
+    ).to_serialized_dict()
+    delete_file = DataFile.from_args(
+        file_path=path,
+        file_format=FileFormat.PARQUET,
+        file_size_in_bytes=len(table.io.new_input(path)),
+        sort_order_id=None,
+        key_metadata=None,
+        **fields,
+        **stats,
+    )
+    return delete_file
+
+
+def write_equality_delete_file(
+    table: Table, keys: pa.Table, *, spec_id: int, partition: Record
+) -> DataFile:
+    """An equality delete file deleting rows equal to a row of ``keys`` (columns named as the
+    table's current columns) in the partition ``partition`` of spec ``spec_id``."""
+    schema = table.schema()
+    fields = [schema.find_field(name) for name in keys.column_names]
+    delete_schema = Schema(*fields)
+    data = keys.cast(schema_to_pyarrow(delete_schema, include_field_ids=True))
+    delete_file = _write(
+        table,
+        data,
+        delete_schema,
+        "eq-deletes",
+        {},
+        content=DataFileContent.EQUALITY_DELETES,
+        partition=partition,
+        equality_ids=[f.field_id for f in fields],
+    )
+    delete_file.spec_id = spec_id
+    return delete_file
+
+
+def write_position_delete_file(
+    table: Table, rows: pa.Table, *, spec_id: int, partition: Record, path_bounds: bool = True
+) -> DataFile:
+    """A position delete file of ``rows`` (``file_path``, ``pos``), sorted as the spec asks.
+
+    With ``path_bounds`` it carries full ``file_path`` bounds (as Java writes them), otherwise
+    none, so that readers apply it partition-wide by metrics.
+    """
+    data = rows.select(["file_path", "pos"]).sort_by(
+        [("file_path", "ascending"), ("pos", "ascending")]
+    )
+    data = data.cast(schema_to_pyarrow(POSITION_DELETE_SCHEMA, include_field_ids=True))
+    delete_file = _write(
+        table,
+        data,
+        POSITION_DELETE_SCHEMA,
+        "pos-deletes",
+        FULL_FILE_PATH_METRICS,
+        content=DataFileContent.POSITION_DELETES,
+        partition=partition,
+        equality_ids=None,
+    )
+    if not path_bounds:
+        for bounds in (delete_file.lower_bounds, delete_file.upper_bounds):
+            bounds.pop(POSITION_DELETE_SCHEMA.fields[0].field_id, None)
+    delete_file.spec_id = spec_id
+    return delete_file
+
+
+def commit_delete_files(
+    table: Table, delete_files: Sequence[DataFile], operation: Operation = Operation.DELETE
+) -> Table:
+    """Commit ``delete_files`` in a new snapshot on main (v2 tables); returns the refreshed table.
+
+    Carries the head's manifests over, adds one delete manifest per spec, assigns the next
+    sequence number, and commits with the same requirements pyiceberg's own writes use.
+    """
+    metadata = table.metadata
+    head = table.current_snapshot()
+    if metadata.format_version != 2 or head is None:
+        raise UnsupportedTableError(
+            f"table {table.name()}: delete files are committed to format-2 tables with a snapshot"
+        )
+    snapshot_id = metadata.new_snapshot_id()
+    sequence_number = metadata.next_sequence_number()
+    commit_uuid = uuid.uuid4()
+    locations = table.location_provider()
+    by_spec: dict[int, list[DataFile]] = {}
+    for delete_file in delete_files:
+        by_spec.setdefault(delete_file.spec_id, []).append(delete_file)
+
+    new_manifests = []
+    for index, (spec_id, files) in enumerate(sorted(by_spec.items())):
+        output = table.io.new_output(
+            locations.new_metadata_location(f"{commit_uuid}-d{index}.avro")
+        )
+        with manifest_writer(
+            ManifestContent.DELETES,
+            2,
+            metadata.specs()[spec_id],
+            metadata.schema(),
+            output,
+            snapshot_id,
+            "deflate",
+        ) as writer:
+            for delete_file in files:
+                writer.add_entry(
+                    ManifestEntry.from_args(
+                        status=ManifestEntryStatus.ADDED,
+                        snapshot_id=snapshot_id,
+                        sequence_number=None,
+                        file_sequence_number=None,
+                        data_file=delete_file,
+                    )
+                )
+        new_manifests.append(writer.to_manifest_file())
+
+    manifest_list = locations.new_metadata_location(f"snap-{snapshot_id}-0-{commit_uuid}.avro")
+    with write_manifest_list(
+        format_version=2,
+        output_file=table.io.new_output(manifest_list),
+        snapshot_id=snapshot_id,
+        parent_snapshot_id=head.snapshot_id,
+        sequence_number=sequence_number,
+        avro_compression="deflate",
+    ) as list_writer:
+        list_writer.add_manifests(head.manifests(table.io) + new_manifests)
+
+    collector = SnapshotSummaryCollector()
+    for delete_file in delete_files:
+        collector.add_file(
+            delete_file,
+            schema=metadata.schema(),
+            partition_spec=metadata.specs()[delete_file.spec_id],
+        )
+    summary = update_snapshot_summaries(
+        Summary(operation=operation, **collector.build()),
+        previous_summary=head.summary.additional_properties if head.summary else None,
+    )
+    snapshot = Snapshot(
+        snapshot_id=snapshot_id,
+        parent_snapshot_id=head.snapshot_id,
+        sequence_number=sequence_number,
+        manifest_list=manifest_list,
+        summary=summary,
+        schema_id=metadata.current_schema_id,
+    )
+    table.catalog.commit_table(
+        table,
+        (
+            AssertTableUUID(uuid=metadata.table_uuid),
+            AssertRefSnapshotId(ref=MAIN_BRANCH, snapshot_id=head.snapshot_id),
+        ),
+        (
+            AddSnapshotUpdate(snapshot=snapshot),
+            SetSnapshotRefUpdate(
+                ref_name=MAIN_BRANCH,
+                type=SnapshotRefType.BRANCH,
+                snapshot_id=snapshot_id,
+                parent_snapshot_id=head.snapshot_id,
+            ),
+        ),
+    )
+    table.refresh()
+    return table
