@@ -5,7 +5,8 @@ The library API (see the README's "Library" section)::
     import compactor
     result = compactor.compact(table, target_file_size="256MiB")
 
-- :func:`plan`, :func:`compact`, :func:`expire_snapshots`, :func:`remove_orphans` work on a
+- :func:`plan`, :func:`compact`, :func:`expire_snapshots`, :func:`remove_orphans` and
+  :func:`rewrite_deletes` work on a
   table loaded with pyiceberg; options are keyword arguments (:func:`resolve_options`) or a
   :class:`RewriteOptions`.
 - :class:`RewriteTask`, :class:`TaskResult` and :func:`run_task` are the seam for custom
@@ -40,6 +41,7 @@ _LAZY = {
     "compact": "compactor.api",
     "expire_snapshots": "compactor.api",
     "remove_orphans": "compactor.api",
+    "rewrite_deletes": "compactor.api",
     "RewriteOptions": "compactor.options",
     "resolve_options": "compactor.options",
     "Plan": "compactor.planning.planner",
@@ -81,11 +83,12 @@ __all__ = [
     "plan",
     "remove_orphans",
     "resolve_options",
+    "rewrite_deletes",
     "run_task",
 ]
 
 if TYPE_CHECKING:
-    from compactor.api import compact, expire_snapshots, plan, remove_orphans
+    from compactor.api import compact, expire_snapshots, plan, remove_orphans, rewrite_deletes
     from compactor.commit.inflight import LeaseHeldError
     from compactor.compaction import RunResult
     from compactor.execute.executors import Executor, ThreadExecutor

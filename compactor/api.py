@@ -20,7 +20,7 @@ from compactor.compaction import Progress, RunResult
 from compactor.durations import parse_cutoff
 from compactor.errors import UsageError
 from compactor.execute.executors import Executor
-from compactor.maintain import expire, orphans
+from compactor.maintain import delete_rewrite, expire, orphans
 from compactor.options import RewriteOptions, resolve_options
 from compactor.planning.planner import Plan, plan_rewrite
 
@@ -120,4 +120,18 @@ def remove_orphans(
         catalog=catalog,
         dry_run=dry_run,
         allow_short_older_than=allow_short_older_than,
+    )
+
+
+def rewrite_deletes(
+    table: Table,
+    *,
+    target_file_size: int | str | None = None,
+    where: str | None = None,
+    dry_run: bool = False,
+) -> delete_rewrite.DeleteRewriteResult:
+    """Compact position-delete files per partition, dropping rows and files that apply to no
+    live data file (``compactor rewrite-deletes``; Java's ``rewrite_position_delete_files``)."""
+    return delete_rewrite.rewrite_position_deletes(
+        table, identifier_of(table), target_file_size=target_file_size, where=where, dry_run=dry_run
     )

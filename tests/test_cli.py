@@ -16,6 +16,14 @@ from urllib.parse import urlparse
 
 import pyiceberg.catalog
 import pytest
+from helpers import (
+    assert_same_rows,
+    commit_delete_files,
+    live_data_files,
+    live_delete_files,
+    scan_rows,
+    write_position_delete_file,
+)
 from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.table import Table
@@ -430,3 +438,35 @@ def test_help(tmp_path: Path) -> None:
 
     assert version.returncode == 0, version.stderr
     assert version.stdout.strip() == f"compactor {__version__}"
+
+
+def test_rewrite_deletes_compacts_the_position_deletes_of_files_left_alone(home: Path) -> None:
+    table = load(home)
+    first = next(iter(live_data_files(table).values())).partition
+    files = sorted(
+        (f for f in live_data_files(table).values() if f.partition == first),
+        key=lambda f: f.file_path,
+    )
+    table = commit_delete_files(
+        table,
+        [
+            write_position_delete_file(table, {files[0]: [0]}),
+            write_position_delete_file(table, {files[1]: [1, 2]}),
+        ],
+    )
+    before = scan_rows(table)
+
+    result = compactor(home, "rewrite-deletes", "--table", TABLE, "--json")
+
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert (data["files_removed"], data["files_added"]) == (2, 1)
+    assert data["delete_files_before"]["position"] == 2
+    assert data["delete_files_after"]["position"] == 1
+    table = load(home)
+    assert len(live_delete_files(table)) == 1
+    assert table.current_snapshot().summary.operation == Operation.REPLACE
+    assert_same_rows(before, scan_rows(table))
+    again = compactor(home, "rewrite-deletes", "--table", TABLE)
+    assert again.returncode == 0, again.stderr
+    assert "replaced 0 position delete files with 0" in again.stdout

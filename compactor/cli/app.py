@@ -580,6 +580,69 @@ def orphans(
     guarded(go)
 
 
+@app.command("rewrite-deletes")
+def rewrite_deletes(
+    table: TableOpt,
+    catalog: CatalogOpt = None,
+    target_file_size: Annotated[
+        str | None,
+        typer.Option(
+            help="Size at which a new delete file rolls over. Default: the table's "
+            "write.delete.target-file-size-bytes, else 64MiB."
+        ),
+    ] = None,
+    where: Annotated[
+        str | None,
+        typer.Option(help="Only partitions this row filter can match, e.g. \"region = 'eu'\"."),
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Read the delete files and report; write nothing.")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Compact position-delete files per partition and drop the ones that apply to nothing.
+
+    Iceberg Java's rewrite_position_delete_files with remove-dangling-deletes: each partition's
+    position-delete files become one file (rolling at --target-file-size), without the rows
+    whose data file is no longer live; a delete file that applies to no live data file is
+    removed. Deleted rows stay deleted; data files are not touched. One `replace` snapshot;
+    partitions changed by a concurrent commit are left out. Format-3 tables (deletion vectors)
+    are refused. `compactor run` applies deletes while rewriting data files; this is for the
+    delete files of data files that are not rewritten.
+
+    Example: compactor rewrite-deletes --table db.orders --dry-run
+    """
+
+    def go() -> None:
+        from compactor.iceberg.catalogs import open_catalog, open_table
+        from compactor.maintain.delete_rewrite import rewrite_position_deletes
+
+        tbl = open_table(open_catalog(catalog), table)
+        data = rewrite_position_deletes(
+            tbl, table, target_file_size=target_file_size, where=where, dry_run=dry_run
+        ).to_dict()
+        if as_json:
+            print(json.dumps(data, indent=2))
+            return
+        verb = "would replace" if dry_run else "replaced"
+        out.print(
+            f"{table}: {verb} {data['files_removed']} position delete files with "
+            f"{data['files_added']}; dropped {data['dangling_rows_dropped']} rows that applied to "
+            "no live data file"
+        )
+        kinds = RichTable(title=f"delete files ({table})")
+        for column in ("kind", "before", "after"):
+            kinds.add_column(column, justify="left" if column == "kind" else "right")
+        for kind, before in data["delete_files_before"].items():
+            after = data["delete_files_after"].get(kind, 0)
+            kinds.add_row(kind.replace("_", " "), str(before), str(after))
+        out.print(kinds)
+        for conflict in data["conflicts"]:
+            out.print(f"partition group {conflict['group_id']} left out: {conflict['reason']}")
+
+    guarded(go)
+
+
 @app.command()
 def demo(
     commits: Annotated[

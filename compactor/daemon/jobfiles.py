@@ -38,10 +38,10 @@ from pydantic import (
 from compactor.daemon.config_files import load_toml, validate
 from compactor.durations import duration_ms, format_duration, parse_duration_ms
 from compactor.errors import ConfigError
-from compactor.options import MIN_ORPHAN_AGE_MS, CompactOptions, Size, checked
+from compactor.options import MIN_ORPHAN_AGE_MS, CompactOptions, Filter, Size, checked
 
-ACTIONS = ("compact", "expire", "orphans")
-Action = Literal["compact", "expire", "orphans"]
+ACTIONS = ("compact", "rewrite_deletes", "expire", "orphans")
+Action = Literal["compact", "rewrite_deletes", "expire", "orphans"]
 # Compact a table once this many small files sit in partitions a rewrite would shrink.
 DEFAULT_MIN_SMALL_FILES = 12
 DEFAULT_MIN_DELETE_FILES = 8
@@ -110,6 +110,13 @@ class CompactAction(Schedule, CompactOptions):
     cooldown: Duration = DEFAULT_COOLDOWN
 
 
+class RewriteDeletesAction(Schedule):
+    """Compact position-delete files per partition, dropping those that apply to nothing."""
+
+    target_file_size: Size | None = None
+    where: Filter | None = None
+
+
 class ExpireAction(Schedule):
     """Expire snapshots; ``older_than``/``retain_last`` default to the table's properties."""
 
@@ -146,13 +153,16 @@ class JobFile(_Section):
     tables: list[TablePattern] = Field(min_length=1)
     exclude: list[TablePattern] = []
     compact: CompactAction | None = None
+    rewrite_deletes: RewriteDeletesAction | None = None
     expire: ExpireAction | None = None
     orphans: OrphansAction | None = None
 
     @model_validator(mode="after")
     def _some_action(self) -> JobFile:
         if not self.actions():
-            raise ValueError("no action: add a [compact], [expire] or [orphans] section")
+            raise ValueError(
+                "no action: add a [compact], [rewrite_deletes], [expire] or [orphans] section"
+            )
         return self
 
     def actions(self) -> dict[Action, Schedule]:

@@ -1,7 +1,7 @@
 """``compactor daemon``: keep every table of the job files healthy, with no one calling.
 
 Each (job file, action) has an APScheduler schedule. A compaction tick scores every table in
-scope (:mod:`compactor.planning.fragmentation`) and queues those over a threshold; an expiry or orphan
+scope (:mod:`compactor.daemon.fragmentation`) and queues those over a threshold; an expiry or orphan
 tick queues every table in scope. :class:`~compactor.daemon.scheduling.RunPolicy` decides which queued
 run starts, and runs execute on a pool of ``max_concurrent_runs`` threads. Everything that
 happens is written to the state file (:mod:`compactor.daemon.history`), counted in
@@ -27,8 +27,15 @@ from pyiceberg.table import Table
 from compactor.commit.inflight import LeaseHeldError
 from compactor.compaction import compact
 from compactor.daemon.config import DaemonConfig
+from compactor.daemon.fragmentation import FragmentationScanner, due_reasons
 from compactor.daemon.history import History, RunRow
-from compactor.daemon.jobfiles import CompactAction, ExpireAction, Job, OrphansAction
+from compactor.daemon.jobfiles import (
+    CompactAction,
+    ExpireAction,
+    Job,
+    OrphansAction,
+    RewriteDeletesAction,
+)
 from compactor.daemon.metrics import DaemonMetrics, MetricsServer
 from compactor.daemon.scheduling import (
     CANCELLED,
@@ -44,10 +51,10 @@ from compactor.daemon.scheduling import (
 from compactor.durations import parse_duration_ms
 from compactor.errors import CommitConflictError, GcDisabledError, first_line
 from compactor.iceberg.catalogs import all_namespaces, open_catalog
+from compactor.maintain.delete_rewrite import rewrite_position_deletes
 from compactor.maintain.expire import expire_snapshots, retention_policy
 from compactor.maintain.orphans import orphan_cutoff, remove_orphans
 from compactor.options import RewriteOptions, resolve_options
-from compactor.planning.fragmentation import FragmentationScanner, due_reasons
 
 log = logging.getLogger("compactor.daemon.service")
 
@@ -341,6 +348,8 @@ class Daemon:
     def _perform(self, request: Request, row: RunRow) -> str:
         catalog, section, options = request.payload  # options: resolved, for compactions only
         table = catalog.load_table(request.table)
+        if isinstance(section, RewriteDeletesAction):
+            return self._rewrite_deletes(table, request, section, row)
         if options is None:
             return self._reclaim(catalog, table, request, section, row)
         return self._compact(table, request, section, options, row)
@@ -378,6 +387,24 @@ class Daemon:
             row.error = f"could not delete {len(data['failed'])} files, e.g. {data['failed'][0]}"
             return PARTIAL
         return SUCCEEDED if changed else NOOP
+
+    def _rewrite_deletes(
+        self, table: Table, request: Request, section: RewriteDeletesAction, row: RunRow
+    ) -> str:
+        """Compact the table's position-delete files; the outcome."""
+        data = rewrite_position_deletes(
+            table, request.table, target_file_size=section.target_file_size, where=section.where
+        ).to_dict()
+        row.input_files, row.input_bytes = data["files_removed"], data["bytes_removed"]
+        row.output_files, row.output_bytes = data["files_added"], data["bytes_added"]
+        row.snapshot_ids = [data["snapshot_id"]] if data["snapshot_id"] else []
+        row.conflicts = len(data["conflicts"])
+        self.metrics.deleted_files.labels(request.action).inc(data["files_removed"])
+        self.metrics.deleted_bytes.labels(request.action).inc(data["bytes_removed"])
+        if data["conflicts"] and not data["committed_groups"]:
+            row.error = data["conflicts"][0]["reason"]
+            return PARTIAL
+        return SUCCEEDED if data["files_removed"] else NOOP
 
     def _compact(
         self,

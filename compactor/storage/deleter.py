@@ -1,9 +1,18 @@
-"""Delete files in parallel; on S3, in DeleteObjects batches of up to 1000 keys."""
+"""Delete files in parallel; on S3, in DeleteObjects batches of up to 1000 keys.
+
+A DeleteObjects request can succeed (HTTP 200) while failing for some of its keys: those come
+back as per-key ``<Error>`` entries. Keys failing with a transient code (``SlowDown``,
+``InternalError``, ...) are sent again in a new request, a few times; the others, and those
+still failing, are returned as failed (and logged), never counted as deleted. Whole requests
+that fail are retried by botocore itself; what still fails is returned as failed too.
+"""
 
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
+import random
+import time
+from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import urlsplit
@@ -27,6 +36,10 @@ log = logging.getLogger(__name__)
 DELETE_THREADS = 8
 S3_BATCH = 1000
 S3_SCHEMES = {"s3", "s3a", "s3n"}
+# Per-key DeleteObjects error codes worth another request; any other code is final.
+TRANSIENT_KEY_ERRORS = {"SlowDown", "InternalError", "ServiceUnavailable", "RequestTimeout"}
+KEY_RETRIES = 2  # further requests for keys that failed transiently
+KEY_RETRY_BASE_S = 0.2  # full-jitter backoff: up to 0.2 s, then up to 0.4 s
 
 
 def _s3_client(io: FileIO) -> Any | None:
@@ -63,21 +76,65 @@ def _delete_one(io: FileIO, path: str) -> str | None:
     return None
 
 
-def _delete_s3_batch(client: Any, bucket: str, batch: list[tuple[str, str]]) -> list[str]:
+def _delete_s3_request(
+    client: Any, bucket: str, batch: list[tuple[str, str]]
+) -> tuple[list[str], list[tuple[str, str]]]:
+    """One DeleteObjects request: (paths failed for good, (key, path) failed transiently)."""
     try:
         response = client.delete_objects(
             Bucket=bucket, Delete={"Objects": [{"Key": key} for key, _ in batch], "Quiet": True}
         )
     except Exception as exc:  # the whole request failed (denied, unreachable): report its paths
         log.warning("could not delete %d objects in s3://%s: %s", len(batch), bucket, exc)
-        return [path for _, path in batch]
+        return [path for _, path in batch], []
     by_key = dict(batch)
-    failed = [
-        by_key[error["Key"]] for error in response.get("Errors", []) if error["Key"] in by_key
-    ]
+    failed: list[str] = []
+    transient: list[tuple[str, str]] = []
+    codes: Counter[str] = Counter()
     for error in response.get("Errors", []):
-        log.warning("could not delete s3://%s/%s: %s", bucket, error["Key"], error.get("Message"))
-    return failed
+        key, code = error.get("Key", ""), error.get("Code", "")
+        codes[code] += 1
+        log.debug("could not delete s3://%s/%s: %s %s", bucket, key, code, error.get("Message"))
+        if key not in by_key:
+            log.warning(
+                "DeleteObjects in s3://%s reported an unknown key %r: %s", bucket, key, code
+            )
+        elif code in TRANSIENT_KEY_ERRORS:
+            transient.append((key, by_key[key]))
+        else:
+            failed.append(by_key[key])
+    if codes:
+        example = response["Errors"][0]
+        log.warning(
+            "DeleteObjects in s3://%s: %d of %d keys failed (%s), e.g. %s: %s",
+            bucket,
+            sum(codes.values()),
+            len(batch),
+            ", ".join(f"{code or 'no code'} x{n}" for code, n in sorted(codes.items())),
+            example.get("Key"),
+            example.get("Message"),
+        )
+    return failed, transient
+
+
+def _delete_s3_batch(client: Any, bucket: str, batch: list[tuple[str, str]]) -> list[str]:
+    """Delete one batch; keys failing transiently are sent again, up to KEY_RETRIES times."""
+    failed, retry = _delete_s3_request(client, bucket, batch)
+    for attempt in range(KEY_RETRIES):
+        if not retry:
+            break
+        time.sleep(random.uniform(0, KEY_RETRY_BASE_S * 2**attempt))
+        more, retry = _delete_s3_request(client, bucket, retry)
+        failed.extend(more)
+    if retry:
+        log.warning(
+            "could not delete %d objects in s3://%s after %d attempts, e.g. %s",
+            len(retry),
+            bucket,
+            KEY_RETRIES + 1,
+            retry[0][1],
+        )
+    return failed + [path for _, path in retry]
 
 
 def delete_files(io: FileIO, paths: list[str], workers: int = DELETE_THREADS) -> list[str]:
