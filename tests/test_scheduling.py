@@ -42,8 +42,8 @@ from compactor.daemon.scheduling import (
     RunPolicy,
 )
 from compactor.options import MIN_FILE_SIZE_RATIO
-from compactor.planning.fragmentation import MANIFESTS, SUMMARY, Fragmentation, FragmentationScanner
-from compactor.planning.fragmentation import due_reasons as fragmentation_due_reasons
+from compactor.daemon.fragmentation import MANIFESTS, SUMMARY, Fragmentation, FragmentationScanner
+from compactor.daemon.fragmentation import due_reasons as fragmentation_due_reasons
 from compactor.planning.health import table_health
 
 MiB = 1 << 20
