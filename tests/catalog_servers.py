@@ -88,7 +88,6 @@ class Storage(Protocol):
     """A table storage: locations are ``file://`` URIs or ``s3://bucket/key``."""
 
     can_age: bool  # whether a file's modification time can be set (for orphan age tests)
-    java_readable: bool  # whether tests/java_reader.py can read tables stored here
 
     def key(self, location: str) -> str: ...
     def files(self, location: str) -> dict[str, int]: ...
@@ -103,7 +102,6 @@ class LocalStorage:
 
     root: Path
     can_age: bool = True
-    java_readable: bool = True
 
     def key(self, location: str) -> str:
         """The local path of a ``file://`` URI (or of a plain path)."""
@@ -143,7 +141,6 @@ class S3Storage:
     client: Any
     bucket: str
     can_age: bool = False  # S3 sets LastModified itself
-    java_readable: bool = False  # the Java reader has a local FileIO only
 
     def key(self, location: str) -> str:
         """The object key of ``s3://<bucket>/<key>`` (s3a and s3n alike), as spelled."""

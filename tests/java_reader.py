@@ -7,11 +7,21 @@ equality delete and deletion vector semantics), reads every manifest list and ev
 every manifest in full, and prints JSON. :func:`assert_java_reads_same` compares that with
 pyiceberg's scans of the same snapshots.
 
+Tables on local disk (``file://`` URIs, plain paths) are read with a local FileIO, tables on S3
+(``s3://``, ``s3a://``, ``s3n://``) with Iceberg's S3FileIO (``iceberg-aws`` and the AWS SDK v2
+of ``iceberg-aws-bundle``). :func:`java_read` takes the S3 settings from the table's FileIO
+properties (pyiceberg's ``table.io.properties``: endpoint, access key id, secret, session token,
+region; see :func:`java_io_properties`) and sends them with each read; Java opens the
+metadata.json and every file it references through that FileIO. Credentials are never written
+into an error or a log: the reader and :class:`JavaReadError` redact them.
+
 One JVM serves every read of a test session (of each pytest-xdist worker): the first read starts
 ``IcebergReadCheck --serve``, which takes one JSON request a line on stdin and answers one JSON
 line on stdout; reads are serialised by a lock, a server that died is started again on the next
 read, and it is stopped at interpreter exit (its stdin closing also stops it if this process
 dies). A read Java fails answers :class:`JavaReadError` for that read only; the server goes on.
+The server keeps one S3 client per distinct set of S3 properties (at most four), so the reads of
+a session against one S3 endpoint share a client.
 
 The reader is built once per source version (hash of ``pom.xml`` and ``src/``) into
 ``~/.cache/compactor-tests/java-reader/<hash>/`` (``COMPACTOR_TEST_CACHE`` moves the root) under
@@ -86,6 +96,21 @@ STOP_TIMEOUT_S = 10
 # JVM CPU where C1 only spent ~20 s, and took longer in all (40-54 s against ~30 s).
 JVM_OPTIONS = ("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
 SERVER_JVM_OPTIONS = JVM_OPTIONS
+# Added to the server's NO_PROXY: the AWS SDK honours HTTP(S)_PROXY from the environment, and
+# no proxy can reach a loopback S3 endpoint (the tests' moto server).
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+# Iceberg Java S3FileIO property -> the pyiceberg FileIO properties that give it, first found.
+S3_PROPERTY_MAP: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("s3.endpoint", ("s3.endpoint",)),
+    ("s3.access-key-id", ("s3.access-key-id", "client.access-key-id")),
+    ("s3.secret-access-key", ("s3.secret-access-key", "client.secret-access-key")),
+    ("s3.session-token", ("s3.session-token", "client.session-token")),
+    ("client.region", ("s3.region", "client.region")),
+)
+# Java property names whose values are credentials (redacted from errors; IcebergReadCheck's
+# SECRET_PROPERTIES).
+SECRET_PROPERTIES = ("s3.access-key-id", "s3.secret-access-key", "s3.session-token")
 
 
 class JavaReaderBuildError(RuntimeError):
@@ -93,7 +118,10 @@ class JavaReaderBuildError(RuntimeError):
 
 
 class JavaReadError(AssertionError):
-    """Iceberg's Java library failed to read the table; ``stderr`` holds the exception."""
+    """Iceberg's Java library failed to read the table; ``stderr`` holds the exception.
+
+    Neither the message nor ``stderr`` holds a credential of the read's FileIO properties.
+    """
 
     def __init__(self, message: str, stderr: str, returncode: int) -> None:
         super().__init__(message)
@@ -393,6 +421,21 @@ def _java_read(metadata_location: str, doc: dict[str, Any]) -> JavaRead:
     )
 
 
+def _server_environment() -> dict[str, str]:
+    """This process's environment, with loopback in NO_PROXY and no EC2 metadata look-ups.
+
+    The server lives for the session: whatever credentials and endpoint a read needs come with
+    its request, never from this environment (S3 settings not in a request fall back to the AWS
+    SDK's defaults).
+    """
+    env = dict(os.environ)
+    for name in ("NO_PROXY", "no_proxy"):
+        hosts = [h for h in env.get(name, "").split(",") if h.strip()]
+        env[name] = ",".join([*hosts, *(h for h in LOOPBACK_HOSTS if h not in hosts)])
+    env["AWS_EC2_METADATA_DISABLED"] = "true"
+    return env
+
+
 class _Server:
     """The running ``IcebergReadCheck --serve`` process of this Python process."""
 
@@ -409,6 +452,7 @@ class _Server:
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=fd,
+                env=_server_environment(),
             )
         except BaseException:
             os.close(fd)
@@ -514,20 +558,56 @@ def _running_server(reader: JavaReader) -> _Server:
     return _server
 
 
-def java_read_location(
-    metadata_location: str, snapshot_ids: Iterable[int] | None = None
-) -> JavaRead:
-    """Read one metadata.json (``file://`` URI or local path) with the session's Java reader.
+def java_io_properties(properties: Mapping[str, Any]) -> dict[str, str]:
+    """Iceberg Java's S3FileIO properties for pyiceberg FileIO ``properties``.
 
+    ``s3.endpoint``, ``s3.access-key-id``, ``s3.secret-access-key``, ``s3.session-token`` keep
+    their names (pyiceberg's ``client.*`` forms are the fall-backs), ``s3.region`` (or
+    ``client.region``) becomes ``client.region``; ``s3.path-style-access`` is true unless
+    pyiceberg was told ``s3.force-virtual-addressing`` (pyiceberg addresses paths by default, and
+    a local S3 such as moto needs it). Nothing S3 given: an empty dict.
+    """
+    mapped: dict[str, str] = {}
+    for java_name, names in S3_PROPERTY_MAP:
+        value = next((properties[n] for n in names if properties.get(n) not in (None, "")), None)
+        if value is not None:
+            mapped[java_name] = str(value)
+    if mapped:
+        virtual = str(properties.get("s3.force-virtual-addressing", "")).strip().lower()
+        mapped["s3.path-style-access"] = "false" if virtual in ("true", "1", "yes") else "true"
+    return mapped
+
+
+def redact(text: str, io_properties: Mapping[str, str]) -> str:
+    """``text`` with every credential value of ``io_properties`` (Java's names) replaced."""
+    for name in SECRET_PROPERTIES:
+        value = io_properties.get(name)
+        if value:
+            text = text.replace(value, f"<redacted {name}>")
+    return text
+
+
+def java_read_location(
+    metadata_location: str,
+    snapshot_ids: Iterable[int] | None = None,
+    io_properties: Mapping[str, Any] | None = None,
+) -> JavaRead:
+    """Read one metadata.json with the session's Java reader.
+
+    ``metadata_location`` is a ``file://`` URI or local path, or an ``s3://`` (``s3a://``,
+    ``s3n://``) location read with S3FileIO as configured by ``io_properties``: pyiceberg FileIO
+    properties (see :func:`java_io_properties`; default: the AWS SDK's own configuration).
     Every manifest list and manifest is read; rows are read for the current state and for
     ``snapshot_ids`` (default: every snapshot; an empty list: none) and the refs pointing at them.
     """
     global _server
     reader = ensure_reader()
+    io = java_io_properties(io_properties or {})
     request = json.dumps(
         {
             "metadata_location": metadata_location,
             "snapshot_ids": None if snapshot_ids is None else [int(i) for i in snapshot_ids],
+            "io": io,
         }
     ).encode()
     with _server_lock:
@@ -552,6 +632,7 @@ def java_read_location(
             stderr = server.stderr_tail()
             server.stop()
             if attempt == 2:
+                stderr = redact(stderr, io)
                 last = next((x for x in reversed(stderr.splitlines()) if x.strip()), "")
                 raise JavaReadError(
                     f"the Java reader died (exit {returncode}) reading {metadata_location}: {last}",
@@ -561,7 +642,7 @@ def java_read_location(
     assert line is not None
     answer = json.loads(line)
     if not answer["ok"]:
-        stderr = answer["error"]
+        stderr = redact(answer["error"], io)  # the reader redacts too
         first = next((x for x in stderr.splitlines() if x.strip()), "")
         raise JavaReadError(
             f"Iceberg Java failed to read {metadata_location} (exit 1): {first}", stderr, 1
@@ -570,8 +651,11 @@ def java_read_location(
 
 
 def java_read(table: Table, snapshot_ids: Iterable[int] | None = None) -> JavaRead:
-    """Run the Java reader on ``table``'s current metadata.json (see :func:`java_read_location`)."""
-    return java_read_location(table.metadata_location, snapshot_ids)
+    """Run the Java reader on ``table``'s current metadata.json (see :func:`java_read_location`).
+
+    S3 settings come from the table's FileIO properties (``table.io.properties``).
+    """
+    return java_read_location(table.metadata_location, snapshot_ids, table.io.properties)
 
 
 # --------------------------------------------------------------------------------------------

@@ -254,27 +254,39 @@ def _filter_manifests(
             if len(known) == live and all(e is not None for e in planned):
                 found.update((e.data_file.file_path, e) for e in planned if e is not None)
                 continue
-        entries = manifest.fetch_manifest_entry(io, discard_deleted=True)
-        kept = [e for e in entries if e.data_file.file_path not in remove]
-        if len(kept) == len(entries):
-            manifests.append(manifest)
-            continue
-        found.update((e.data_file.file_path, e) for e in entries if e.data_file.file_path in remove)
-        if not kept:
-            continue
-        with attempt.manifest_writer(manifest.partition_spec_id, manifest.content) as writer:
-            for entry in kept:
-                writer.add_entry(
-                    ManifestEntry.from_args(
-                        status=ManifestEntryStatus.EXISTING,
-                        snapshot_id=entry.snapshot_id,
-                        sequence_number=entry.sequence_number,
-                        file_sequence_number=entry.file_sequence_number,
-                        data_file=entry.data_file,
-                    )
-                )
-        manifests.append(writer.to_manifest_file())
+        carried = carry_over(attempt, manifest, remove, found)
+        if carried is not None:
+            manifests.append(carried)
     return manifests, found
+
+
+def carry_over(
+    attempt: _Attempt, manifest: ManifestFile, remove: set[str], found: dict[str, ManifestEntry]
+) -> ManifestFile | None:
+    """``manifest`` without the live entries whose paths are in ``remove`` (added to ``found``).
+
+    The manifest itself when it holds none of them, None when nothing else is left, otherwise a
+    new manifest with the other entries as EXISTING (sequence numbers kept).
+    """
+    entries = manifest.fetch_manifest_entry(attempt.table.io, discard_deleted=True)
+    kept = [e for e in entries if e.data_file.file_path not in remove]
+    if len(kept) == len(entries):
+        return manifest
+    found.update((e.data_file.file_path, e) for e in entries if e.data_file.file_path in remove)
+    if not kept:
+        return None
+    with attempt.manifest_writer(manifest.partition_spec_id, manifest.content) as writer:
+        for entry in kept:
+            writer.add_entry(
+                ManifestEntry.from_args(
+                    status=ManifestEntryStatus.EXISTING,
+                    snapshot_id=entry.snapshot_id,
+                    sequence_number=entry.sequence_number,
+                    file_sequence_number=entry.file_sequence_number,
+                    data_file=entry.data_file,
+                )
+            )
+    return writer.to_manifest_file()
 
 
 def _write_changes(
@@ -373,9 +385,8 @@ def commit_replace(
     retry = retry or RetryPolicy.for_table(table)
     outcome = CommitOutcome()
     pending = {r.task_id: r for r in results}
-    snapshot_id = table.metadata.new_snapshot_id()
-    started = time.monotonic()
-    while True:
+
+    def prepare() -> Snapshot | None:
         outcome.attempts += 1
         head = table.metadata.snapshot_by_name(MAIN_BRANCH)
         refused = find_conflicts(table, plan, [plan.group(gid) for gid in pending], head)
@@ -383,17 +394,57 @@ def commit_replace(
         for group_id, reason in refused.items():
             outcome.conflicts.setdefault(group_id, reason)
             pending.pop(group_id)
-        if not pending or head is None:
-            return outcome
+        return head if pending else None
 
+    def build(attempt: _Attempt, head: Snapshot) -> Snapshot | None:
+        return _write_snapshot(
+            attempt, plan, head, pending, outcome, snapshot_properties, rewritten_before
+        )
+
+    outcome.snapshot_id = commit_on_main(
+        table, plan.table, prepare, build, retry=retry, sleep=sleep, on_file=on_file, fence=fence
+    )
+    if outcome.snapshot_id is not None:
+        outcome.committed = list(pending.values())
+    return outcome
+
+
+def commit_on_main(
+    table: Table,
+    identifier: str,
+    prepare: Callable[[], Snapshot | None],
+    build: Callable[[_Attempt, Snapshot], Snapshot | None],
+    *,
+    retry: RetryPolicy,
+    sleep: Callable[[float], None] = time.sleep,
+    on_file: Callable[[list[str]], None] | None = None,
+    fence: Callable[[], None] | None = None,
+) -> int | None:
+    """Commit one snapshot on main, retrying catalog conflicts; its id, or None if none was due.
+
+    Each attempt, ``prepare()`` validates against the table as it is now and returns main's
+    head, or None when nothing is left to commit; ``build(attempt, head)`` writes the manifests
+    (through ``attempt``) and returns the snapshot, or None to validate again. ``fence`` runs just
+    before each catalog call and raises if the run may no longer commit; ``on_file`` is told of
+    every metadata file before it is written. Raises :class:`CommitConflictError` once the
+    table's ``commit.retry.*`` budget is spent, and :class:`CommitStateUnknownError` when the
+    catalog cannot tell whether the commit was applied (every file stays: the table may
+    reference them).
+    """
+    snapshot_id = table.metadata.new_snapshot_id()
+    started = time.monotonic()
+    attempts = 0
+    while True:
+        attempts += 1
+        head = prepare()
+        if head is None:
+            return None
         attempt = _Attempt(table, snapshot_id, on_file)
         in_catalog_call = False
         try:
-            snapshot = _write_snapshot(
-                attempt, plan, head, pending, outcome, snapshot_properties, rewritten_before
-            )
+            snapshot = build(attempt, head)
             if snapshot is None:
-                continue  # inputs vanished without a conflicting snapshot in history; re-validate
+                continue  # files vanished without a conflicting snapshot in history; re-validate
             requirements = (
                 AssertTableUUID(uuid=table.metadata.table_uuid),
                 AssertRefSnapshotId(ref=MAIN_BRANCH, snapshot_id=head.snapshot_id),
@@ -418,12 +469,12 @@ def commit_replace(
         except CommitFailedException as exc:
             attempt.discard()
             elapsed_ms = (time.monotonic() - started) * 1000
-            if outcome.attempts > retry.num_retries or elapsed_ms > retry.total_timeout_ms:
+            if attempts > retry.num_retries or elapsed_ms > retry.total_timeout_ms:
                 raise CommitConflictError(
-                    f"table {plan.table}: commit still conflicting after {outcome.attempts} attempts: {exc}"
+                    f"table {identifier}: commit still conflicting after {attempts} attempts: {exc}"
                 ) from exc
-            log.info("commit conflict on %s, retrying (%d): %s", plan.table, outcome.attempts, exc)
-            sleep(retry.wait_s(outcome.attempts - 1))
+            log.info("commit conflict on %s, retrying (%d): %s", identifier, attempts, exc)
+            sleep(retry.wait_s(attempts - 1))
             table.refresh()
             continue
         except CommitStateUnknownException as exc:
@@ -431,7 +482,7 @@ def commit_replace(
             # timed out): never delete what the table might come to reference.
             if not _landed(table, snapshot_id, if_unknown=False):
                 raise CommitStateUnknownError(
-                    f"table {plan.table}: the catalog did not say whether snapshot {snapshot_id} "
+                    f"table {identifier}: the catalog did not say whether snapshot {snapshot_id} "
                     f"was committed ({first_line(exc)}); its files are kept for the next run to "
                     "resolve"
                 ) from exc
@@ -442,9 +493,7 @@ def commit_replace(
                 attempt.discard()
             raise
         table.refresh()
-        outcome.snapshot_id = snapshot_id
-        outcome.committed = list(pending.values())
-        return outcome
+        return snapshot_id
 
 
 def _landed(table: Table, snapshot_id: int, *, if_unknown: bool) -> bool:

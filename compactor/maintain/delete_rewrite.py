@@ -50,7 +50,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownException
 from pyiceberg.manifest import (
     INITIAL_SEQUENCE_NUMBER,
     DataFile,
@@ -62,28 +61,22 @@ from pyiceberg.manifest import (
     ManifestFile,
 )
 from pyiceberg.table import Table
-from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
+from pyiceberg.table.refs import MAIN_BRANCH
 from pyiceberg.table.snapshots import Snapshot
-from pyiceberg.table.update import (
-    AddSnapshotUpdate,
-    AssertRefSnapshotId,
-    AssertTableUUID,
-    SetSnapshotRefUpdate,
-)
 from pyiceberg.typedef import Record
 
 from compactor.commit.committer import (
     RetryPolicy,
     _Attempt,
     _entries_added_by,
-    _landed,
     _new_snapshots,
     _summary,
+    carry_over,
+    commit_on_main,
 )
 from compactor.commit.inflight import RunLease, remove_run_files
 from compactor.errors import (
     CommitConflictError,
-    CommitStateUnknownError,
     CompactorError,
     DataFileError,
     UnsupportedTableError,
@@ -728,12 +721,10 @@ def commit_delete_rewrite(
     The caller owns the outputs of refused groups and deletes them. Raises
     :class:`CommitStateUnknownError` when the catalog cannot tell whether the commit landed.
     """
-    retry = retry or RetryPolicy.for_table(table)
     outcome = DeleteCommitOutcome()
     pending = {g.group_id: g for g in groups}
-    snapshot_id = table.metadata.new_snapshot_id()
-    started = time.monotonic()
-    while True:
+
+    def prepare() -> Snapshot | None:
         outcome.attempts += 1
         if table.metadata.format_version > 2:
             raise CommitConflictError(
@@ -748,65 +739,26 @@ def commit_delete_rewrite(
         for group_id, reason in refused.items():
             outcome.conflicts.setdefault(group_id, reason)
             pending.pop(group_id, None)
-        if not pending:
-            return outcome
+        return head if pending else None
 
-        attempt = _Attempt(table, snapshot_id, on_file)
-        in_catalog_call = False
-        try:
-            snapshot = _write_snapshot(
-                attempt, head, start_manifests, pending, outcome, snapshot_properties
-            )
-            if snapshot is None:
-                continue  # a replaced file vanished without a snapshot saying so; re-validate
-            requirements = (
-                AssertTableUUID(uuid=table.metadata.table_uuid),
-                AssertRefSnapshotId(ref=MAIN_BRANCH, snapshot_id=head.snapshot_id),
-            )
-            main = table.metadata.refs[MAIN_BRANCH]
-            updates = (
-                AddSnapshotUpdate(snapshot=snapshot),
-                SetSnapshotRefUpdate(
-                    ref_name=MAIN_BRANCH,
-                    type=SnapshotRefType.BRANCH,
-                    snapshot_id=snapshot.snapshot_id,
-                    parent_snapshot_id=head.snapshot_id,
-                    max_ref_age_ms=main.max_ref_age_ms,
-                    max_snapshot_age_ms=main.max_snapshot_age_ms,
-                    min_snapshots_to_keep=main.min_snapshots_to_keep,
-                ),
-            )
-            if fence is not None:
-                fence()
-            in_catalog_call = True
-            table.catalog.commit_table(table, requirements, updates)
-        except CommitFailedException as exc:
-            attempt.discard()
-            elapsed_ms = (time.monotonic() - started) * 1000
-            if outcome.attempts > retry.num_retries or elapsed_ms > retry.total_timeout_ms:
-                raise CommitConflictError(
-                    f"table {identifier}: commit still conflicting after {outcome.attempts} "
-                    f"attempts: {first_line(exc)}"
-                ) from exc
-            log.info("commit conflict on %s, retrying (%d): %s", identifier, outcome.attempts, exc)
-            sleep(retry.wait_s(outcome.attempts - 1))
-            table.refresh()
-            continue
-        except CommitStateUnknownException as exc:
-            if not _landed(table, snapshot_id, if_unknown=False):
-                raise CommitStateUnknownError(
-                    f"table {identifier}: the catalog did not say whether snapshot {snapshot_id} "
-                    f"was committed ({first_line(exc)}); its files are kept for the next run to "
-                    "resolve"
-                ) from exc
-        except BaseException:
-            if not (in_catalog_call and _landed(table, snapshot_id, if_unknown=True)):
-                attempt.discard()
-            raise
-        table.refresh()
-        outcome.snapshot_id = snapshot_id
+    def build(attempt: _Attempt, head: Snapshot) -> Snapshot | None:
+        return _write_snapshot(
+            attempt, head, start_manifests, pending, outcome, snapshot_properties
+        )
+
+    outcome.snapshot_id = commit_on_main(
+        table,
+        identifier,
+        prepare,
+        build,
+        retry=retry or RetryPolicy.for_table(table),
+        sleep=sleep,
+        on_file=on_file,
+        fence=fence,
+    )
+    if outcome.snapshot_id is not None:
         outcome.committed = list(pending.values())
-        return outcome
+    return outcome
 
 
 def _filter_delete_manifests(
@@ -827,26 +779,9 @@ def _filter_delete_manifests(
         ):
             manifests.append(manifest)
             continue
-        entries = manifest.fetch_manifest_entry(io, discard_deleted=True)
-        kept = [e for e in entries if e.data_file.file_path not in remove]
-        if len(kept) == len(entries):
-            manifests.append(manifest)
-            continue
-        found.update((e.data_file.file_path, e) for e in entries if e.data_file.file_path in remove)
-        if not kept:
-            continue
-        with attempt.manifest_writer(manifest.partition_spec_id, ManifestContent.DELETES) as w:
-            for entry in kept:
-                w.add_entry(
-                    ManifestEntry.from_args(
-                        status=ManifestEntryStatus.EXISTING,
-                        snapshot_id=entry.snapshot_id,
-                        sequence_number=entry.sequence_number,
-                        file_sequence_number=entry.file_sequence_number,
-                        data_file=entry.data_file,
-                    )
-                )
-        manifests.append(w.to_manifest_file())
+        carried = carry_over(attempt, manifest, remove, found)
+        if carried is not None:
+            manifests.append(carried)
     return manifests, found
 
 

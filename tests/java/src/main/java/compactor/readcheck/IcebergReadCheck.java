@@ -26,6 +26,7 @@ import java.util.HashSet;
 import java.util.HexFormat;
 import java.util.LinkedHashMap;
 import java.util.List;
+import java.util.Locale;
 import java.util.Map;
 import java.util.Set;
 import java.util.TreeMap;
@@ -44,6 +45,8 @@ import org.apache.iceberg.SnapshotRef;
 import org.apache.iceberg.StaticTableOperations;
 import org.apache.iceberg.StructLike;
 import org.apache.iceberg.Table;
+import org.apache.iceberg.aws.s3.S3FileIO;
+import org.apache.iceberg.aws.s3.S3FileIOProperties;
 import org.apache.iceberg.data.IcebergGenerics;
 import org.apache.iceberg.data.Record;
 import org.apache.iceberg.data.RefScans;
@@ -59,7 +62,10 @@ import org.apache.iceberg.types.Types;
  * Reads an Iceberg table with Apache Iceberg's Java library and prints what it sees as JSON.
  *
  * <p>Usage: {@code IcebergReadCheck <metadata.json location> [snapshot id ...]}, or {@code
- * IcebergReadCheck --serve} for many reads in one JVM (see {@link #serve}). For the current table
+ * IcebergReadCheck --serve} for many reads in one JVM (see {@link #serve}). Tables on local disk
+ * ({@code file:} URIs, plain paths) are read with a local FileIO, tables on S3 ({@code s3://},
+ * {@code s3a://}, {@code s3n://}) with Iceberg's S3FileIO, configured by the request's FileIO
+ * properties (see {@link #fileIO}). For the current table
  * state, every snapshot in the metadata (time travel) and every branch and tag, all live rows are
  * read with
  * {@code IcebergGenerics} (Java's own delete semantics). Every manifest list and every entry of
@@ -93,7 +99,7 @@ public final class IcebergReadCheck {
           selected.add(Long.parseLong(args[i]));
         }
       }
-      json = run(args[0], selected);
+      json = run(args[0], selected, Map.of()); // S3: the AWS SDK's default configuration
     } catch (Throwable e) {
       System.err.print(failure(e));
       System.exit(1);
@@ -106,10 +112,12 @@ public final class IcebergReadCheck {
 
   /**
    * Serves reads until stdin closes: each request is one line of JSON, {@code
-   * {"metadata_location": "...", "snapshot_ids": null | [id, ...]}}, each answer one line, {@code
+   * {"metadata_location": "...", "snapshot_ids": null | [id, ...], "io": {name: value, ...}}}
+   * ("io": Iceberg Java FileIO properties for S3, optional), each answer one line, {@code
    * {"ok": true, "result": <the document main prints>}} or {@code {"ok": false, "error": "<what
-   * main prints on stderr>"}}. A failed read answers with its error and the server goes on. The
-   * protocol owns stdout: anything else printing there is sent to stderr.
+   * main prints on stderr>"}}, credentials in it redacted. A failed read answers with its error
+   * and the server goes on. The protocol owns stdout: anything else printing there is sent to
+   * stderr.
    */
   static void serve() {
     PrintStream protocol =
@@ -123,8 +131,13 @@ public final class IcebergReadCheck {
           continue;
         }
         String answer;
+        Map<String, String> io = new TreeMap<>();
         try {
           JsonNode request = mapper.readTree(line);
+          JsonNode properties = request.get("io");
+          if (properties != null && properties.isObject()) {
+            properties.properties().forEach(p -> io.put(p.getKey(), p.getValue().asText()));
+          }
           JsonNode ids = request.get("snapshot_ids");
           Set<Long> selected = null;
           if (ids != null && !ids.isNull()) {
@@ -134,10 +147,10 @@ public final class IcebergReadCheck {
             }
           }
           answer = "{\"ok\":true,\"result\":"
-              + run(request.get("metadata_location").asText(), selected) + "}";
+              + run(request.get("metadata_location").asText(), selected, io) + "}";
         } catch (Throwable e) {
           StringBuilder error = new StringBuilder("{\"ok\":false,\"error\":");
-          Json.quote(error, failure(e));
+          Json.quote(error, redact(failure(e), io));
           answer = error.append('}').toString();
         }
         protocol.println(answer);
@@ -165,13 +178,69 @@ public final class IcebergReadCheck {
     return text.toString();
   }
 
+  /** FileIO properties whose values are credentials: never in an error or a log. */
+  private static final List<String> SECRET_PROPERTIES =
+      List.of(
+          S3FileIOProperties.ACCESS_KEY_ID,
+          S3FileIOProperties.SECRET_ACCESS_KEY,
+          S3FileIOProperties.SESSION_TOKEN);
+
+  /** {@code text} with every credential value of {@code io} replaced. */
+  static String redact(String text, Map<String, String> io) {
+    for (String name : SECRET_PROPERTIES) {
+      String value = io.get(name);
+      if (value != null && !value.isEmpty()) {
+        text = text.replace(value, "<redacted " + name + ">");
+      }
+    }
+    return text;
+  }
+
   /**
-   * Reads the table at {@code metadataLocation}: every manifest list and manifest, and the rows
-   * of the current state and of the snapshots in {@code selected} (all when null) and the refs
-   * pointing at them.
+   * S3FileIOs by their properties, most recently used last: one S3 client serves every read of
+   * a table store (building one costs more than a small read). At most four are kept open.
    */
-  static String run(String metadataLocation, Set<Long> selected) throws IOException {
-    FileIO io = new LocalFileIO();
+  private static final Map<Map<String, String>, S3FileIO> S3_IOS =
+      new LinkedHashMap<>(8, 0.75f, true) {
+        @Override
+        protected boolean removeEldestEntry(Map.Entry<Map<String, String>, S3FileIO> eldest) {
+          if (size() > 4) {
+            eldest.getValue().close();
+            return true;
+          }
+          return false;
+        }
+      };
+
+  /**
+   * The FileIO for a table whose metadata.json is at {@code location}: S3FileIO for s3://,
+   * s3a:// and s3n:// (Iceberg Java's property names: s3.endpoint, s3.path-style-access,
+   * s3.access-key-id, s3.secret-access-key, s3.session-token, client.region; what is not given
+   * comes from the AWS SDK's defaults), else the local filesystem.
+   */
+  static FileIO fileIO(String location, Map<String, String> properties) {
+    int colon = location.indexOf("://");
+    String scheme = colon < 0 ? "" : location.substring(0, colon).toLowerCase(Locale.ROOT);
+    if (!scheme.equals("s3") && !scheme.equals("s3a") && !scheme.equals("s3n")) {
+      return new LocalFileIO();
+    }
+    return S3_IOS.computeIfAbsent(
+        Map.copyOf(properties),
+        props -> {
+          S3FileIO io = new S3FileIO();
+          io.initialize(props);
+          return io;
+        });
+  }
+
+  /**
+   * Reads the table at {@code metadataLocation} through {@link #fileIO}: every manifest list and
+   * manifest, and the rows of the current state and of the snapshots in {@code selected} (all
+   * when null) and the refs pointing at them.
+   */
+  static String run(String metadataLocation, Set<Long> selected, Map<String, String> properties)
+      throws IOException {
+    FileIO io = fileIO(metadataLocation, properties);
     Table table = new BaseTable(new StaticTableOperations(metadataLocation, io), "checked");
     Map<Integer, PartitionSpec> specs = table.specs();
 
