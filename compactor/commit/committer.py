@@ -552,16 +552,29 @@ def _write_snapshot(
     metadata = table.metadata
     data_sequence_number = plan.sequence_number if metadata.format_version > 1 else None
     changes = _write_changes(attempt, added, removed_entries, data_sequence_number)
-    all_manifests = [m for m in changes + manifests if m.content == ManifestContent.DATA]
-    all_manifests += [m for m in changes + manifests if m.content == ManifestContent.DELETES]
     removed = [e.data_file for e in removed_entries]
+    return replace_snapshot(attempt, head, changes + manifests, added, removed, snapshot_properties)
+
+
+def replace_snapshot(
+    attempt: _Attempt,
+    head: Snapshot,
+    manifests: list[ManifestFile],
+    added: list[DataFile],
+    removed: list[DataFile],
+    snapshot_properties: dict[str, str],
+) -> Snapshot:
+    """The ``replace`` snapshot over ``head`` listing ``manifests`` (data manifests first)."""
+    metadata = attempt.table.metadata
+    ordered = [m for m in manifests if m.content == ManifestContent.DATA]
+    ordered += [m for m in manifests if m.content == ManifestContent.DELETES]
     sequence_number = metadata.next_sequence_number()
-    manifest_list = attempt.manifest_list(head.snapshot_id, sequence_number, all_manifests)
+    manifest_list = attempt.manifest_list(head.snapshot_id, sequence_number, ordered)
     return Snapshot(
         snapshot_id=attempt.snapshot_id,
         parent_snapshot_id=head.snapshot_id,
         sequence_number=sequence_number,
         manifest_list=manifest_list,
-        summary=_summary(table, head, added, removed, snapshot_properties),
+        summary=_summary(attempt.table, head, added, removed, snapshot_properties),
         schema_id=metadata.current_schema_id,
     )

@@ -70,9 +70,9 @@ from compactor.commit.committer import (
     _Attempt,
     _entries_added_by,
     _new_snapshots,
-    _summary,
     carry_over,
     commit_on_main,
+    replace_snapshot,
 )
 from compactor.commit.inflight import RunLease, remove_run_files
 from compactor.errors import (
@@ -793,8 +793,6 @@ def _write_snapshot(
     outcome: DeleteCommitOutcome,
     snapshot_properties: dict[str, str],
 ) -> Snapshot | None:
-    table = attempt.table
-    metadata = table.metadata
     group_of = {p: gid for gid, g in pending.items() for p in g.paths}
     read = {m for g in pending.values() for m in g.manifests}
     manifests, found = _filter_delete_manifests(attempt, head, set(group_of), read, start_manifests)
@@ -839,18 +837,7 @@ def _write_snapshot(
             for entry in entries:
                 writer.add_entry(entry)
         changes.append(writer.to_manifest_file())
-    all_manifests = [m for m in manifests if m.content == ManifestContent.DATA]
-    all_manifests += [m for m in changes + manifests if m.content == ManifestContent.DELETES]
-    sequence_number = metadata.next_sequence_number()
-    manifest_list = attempt.manifest_list(head.snapshot_id, sequence_number, all_manifests)
-    return Snapshot(
-        snapshot_id=attempt.snapshot_id,
-        parent_snapshot_id=head.snapshot_id,
-        sequence_number=sequence_number,
-        manifest_list=manifest_list,
-        summary=_summary(table, head, added, removed, snapshot_properties),
-        schema_id=metadata.current_schema_id,
-    )
+    return replace_snapshot(attempt, head, changes + manifests, added, removed, snapshot_properties)
 
 
 # --------------------------------------------------------------------------------------------

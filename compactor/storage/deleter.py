@@ -14,6 +14,7 @@ import random
 import time
 from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -162,4 +163,64 @@ def delete_files(io: FileIO, paths: list[str], workers: int = DELETE_THREADS) ->
         failed.extend(p for p in pool.map(lambda p: _delete_one(io, p), others) if p)
         for batch in batches:
             failed.extend(batch.result())
+    return failed
+
+
+@dataclass(frozen=True)
+class OpenUpload:
+    """A multipart upload begun and never completed nor aborted: its parts cost storage, yet
+    it is no object — no listing shows it, so no orphans run deletes it.
+
+    pyarrow's S3 output streams leave one behind when an upload fails for good.
+    """
+
+    location: str
+    upload_id: str
+    initiated_ms: int
+
+
+def list_open_uploads(io: FileIO, root: str) -> list[OpenUpload]:
+    """The open multipart uploads under ``root`` (an ``s3://`` directory; [] elsewhere)."""
+    parts = urlsplit(root)
+    if parts.scheme not in S3_SCHEMES:
+        return []
+    client = _s3_client(io)
+    if client is None:
+        return []
+    prefix = parts.path.strip("/") + "/"
+    found: list[OpenUpload] = []
+    for page in client.get_paginator("list_multipart_uploads").paginate(
+        Bucket=parts.netloc, Prefix=prefix
+    ):
+        for upload in page.get("Uploads", []):
+            found.append(
+                OpenUpload(
+                    f"{parts.scheme}://{parts.netloc}/{upload['Key']}",
+                    upload["UploadId"],
+                    int(upload["Initiated"].timestamp() * 1000),
+                )
+            )
+    return found
+
+
+def abort_uploads(io: FileIO, uploads: list[OpenUpload]) -> list[OpenUpload]:
+    """Abort ``uploads`` (their parts are deleted); returns those that could not be aborted."""
+    if not uploads:
+        return []
+    client = _s3_client(io)
+    if client is None:
+        return list(uploads)
+    failed: list[OpenUpload] = []
+    for upload in uploads:
+        parts = urlsplit(upload.location)
+        try:
+            client.abort_multipart_upload(
+                Bucket=parts.netloc, Key=parts.path.lstrip("/"), UploadId=upload.upload_id
+            )
+        except Exception as exc:  # report, keep going
+            code = getattr(exc, "response", {}).get("Error", {}).get("Code")
+            if code == "NoSuchUpload":  # already completed or aborted
+                continue
+            log.warning("could not abort the upload of %s: %s", upload.location, exc)
+            failed.append(upload)
     return failed
