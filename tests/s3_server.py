@@ -6,21 +6,33 @@ run used, whichever client sent them (boto3 or pyarrow's AWS SDK). Nothing here,
 clients configured from it, reaches beyond 127.0.0.1: credentials and region are explicit,
 instance metadata is disabled and no user AWS or pyiceberg configuration is read.
 
+Faults can be injected at the HTTP level, per bucket (:class:`S3Faults`, fixture
+:func:`s3_faults`): S3 error responses (503 SlowDown, 500 InternalError) for some requests,
+connections dropped after part of a request body was read, DeleteObjects answers with per-key
+``<Error>`` entries, and ListObjectsV2 pages capped at a few keys.
+
 Used from a test module with ``pytest_plugins = ("s3_server",)``.
 """
 
 from __future__ import annotations
 
+import io
 import itertools
 import logging
 import os
 import re
+import socket
+import struct
 import threading
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import parse_qsl, unquote, urlencode
+from xml.etree import ElementTree
+from xml.sax.saxutils import escape
 
 import boto3
 import pytest
@@ -94,6 +106,7 @@ class RequestLog:
         self._lock = threading.Lock()
         self._requests: list[S3Request] = []
         self._refuse_deletes: set[str] = set()
+        self._faults: dict[str, S3Faults] = {}
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
         path = unquote(environ.get("PATH_INFO", ""))
@@ -115,7 +128,23 @@ class RequestLog:
                 [("Content-Type", "application/xml"), ("Content-Length", str(len(ACCESS_DENIED)))],
             )
             return [ACCESS_DENIED]
+        with self._lock:
+            faults = self._faults.get(bucket)
+        if faults is not None:
+            return faults.handle(request, environ, start_response, self._app)
         return self._app(environ, start_response)
+
+    def faults(self, bucket: str) -> S3Faults:
+        """The fault plan of ``bucket`` (created empty on first use): see :class:`S3Faults`."""
+        with self._lock:
+            if bucket not in self._faults:
+                self._faults[bucket] = S3Faults(bucket)
+            return self._faults[bucket]
+
+    def clear_faults(self, bucket: str) -> None:
+        """Stop injecting faults into ``bucket``'s requests."""
+        with self._lock:
+            self._faults.pop(bucket, None)
 
     def refuse_batch_deletes(self, bucket: str, refuse: bool = True) -> None:
         """Answer ``bucket``'s DeleteObjects requests with 403 AccessDenied (or stop doing so)."""
@@ -134,6 +163,323 @@ class RequestLog:
         """Requests to ``bucket`` after ``mark``."""
         with self._lock:
             return [r for r in self._requests[mark:] if r.bucket == bucket]
+
+
+# --- fault injection ----------------------------------------------------------------------------
+
+SLOW_DOWN, INTERNAL_ERROR, DROP, DELETE_ERROR = "SlowDown", "InternalError", "drop", "delete-error"
+_ERROR_STATUS = {SLOW_DOWN: "503 Slow Down", INTERNAL_ERROR: "500 Internal Server Error"}
+_ERROR_MESSAGE = {
+    SLOW_DOWN: "Please reduce your request rate.",
+    INTERNAL_ERROR: "We encountered an internal error. Please try again.",
+    "AccessDenied": "Access Denied",
+}
+_S3_NS = "http://s3.amazonaws.com/doc/2006-03-01/"
+# Query parameters of ListObjects (V1: marker) and ListObjectsV2 (list-type=2).
+_LIST_PARAMETERS = {
+    "list-type",
+    "continuation-token",
+    "start-after",
+    "fetch-owner",
+    "prefix",
+    "delimiter",
+    "max-keys",
+    "encoding-type",
+    "marker",
+}
+
+
+def _error_document(code: str, message: str, resource: str) -> bytes:
+    return (
+        '<?xml version="1.0" encoding="UTF-8"?>\n'
+        f"<Error><Code>{escape(code)}</Code><Message>{escape(message)}</Message>"
+        f"<Resource>{escape(resource)}</Resource><RequestId>{uuid.uuid4().hex[:16]}</RequestId>"
+        "</Error>"
+    ).encode()
+
+
+def _query_names(query: str) -> set[str]:
+    return {part.partition("=")[0] for part in query.split("&") if part}
+
+
+@dataclass
+class Fault:
+    """A rule: the requests it matches are answered by ``kind`` instead of by moto.
+
+    A request matches when its method is ``method``, its decoded key matches ``key`` (a regular
+    expression, searched) and its query has every parameter in ``query``. Only the first
+    ``times`` matching requests *per key* are hit (None: every one), so a client retrying a
+    request sees the fault ``times`` times, then success. ``injected`` lists the requests hit.
+    """
+
+    kind: str
+    method: str
+    key: re.Pattern[str]
+    query: frozenset[str] = frozenset()
+    times: int | None = 1
+    fraction: float = 0.5  # DROP: the share of the body read before the connection is cut
+    code: str = ""  # DELETE_ERROR: the per-key error code
+    injected: list[S3Request] = field(default_factory=list)
+    _seen: Counter[str] = field(default_factory=Counter)
+
+    def matches(self, request: S3Request) -> bool:
+        return (
+            self.kind != DELETE_ERROR
+            and request.method == self.method
+            and self.key.search(request.key) is not None
+            and self.query <= _query_names(request.query)
+        )
+
+    def take(self, request: S3Request) -> bool:
+        """Whether this request gets the fault (counts it); call with the plan's lock held."""
+        return self.matches(request) and self._count(request.key, request)
+
+    def take_key(self, key: str, request: S3Request) -> bool:
+        """Whether a DeleteObjects request's ``key`` gets a per-key error (counts it)."""
+        return (
+            self.kind == DELETE_ERROR and bool(self.key.search(key)) and self._count(key, request)
+        )
+
+    def _count(self, key: str, request: S3Request) -> bool:
+        if self.times is not None and self._seen[key] >= self.times:
+            return False
+        self._seen[key] += 1
+        self.injected.append(request)
+        return True
+
+
+class S3Faults:
+    """Faults injected into one bucket's requests, at the HTTP level, before moto sees them.
+
+    - :meth:`throttle` / :meth:`error`: an S3 error response (503 SlowDown, 500 InternalError)
+      with the usual XML body; the request body is read first, and moto never sees the request.
+    - :meth:`drop_connection`: part of the request body is read, then the TCP connection is
+      reset (SO_LINGER 0): the client gets no response at all, as when a proxy or the network
+      drops a connection mid-upload.
+    - :meth:`fail_deletes`: DeleteObjects requests are passed to moto without the keys
+      matching a pattern, and moto's 200 answer gets an ``<Error>`` entry for each of them —
+      those objects stay, as under a policy denying their deletion.
+    - :meth:`cap_list_keys`: ListObjectsV2 requests ask for at most ``n`` keys, so listings of
+      a handful of objects come in several pages (continuation tokens), as 1000+ objects would.
+
+    Every DeleteObjects request's keys are recorded (``delete_batches``), and every listing
+    request (``list_requests``).
+    """
+
+    def __init__(self, bucket: str) -> None:
+        self.bucket = bucket
+        self._lock = threading.Lock()
+        self.faults: list[Fault] = []
+        self.max_keys: int | None = None
+        self.delete_batches: list[list[str]] = []
+        self.list_requests: list[S3Request] = []
+        self._failed_delete_keys: list[str] = []
+
+    # -- configuration ---------------------------------------------------------------------
+
+    def _add(self, fault: Fault) -> Fault:
+        with self._lock:
+            self.faults.append(fault)
+        return fault
+
+    def error(
+        self,
+        method: str,
+        key: str = "",
+        *,
+        code: str = INTERNAL_ERROR,
+        times: int | None = 1,
+        query: Iterable[str] = (),
+    ) -> Fault:
+        """Answer matching requests with S3 error ``code`` (``SlowDown`` or ``InternalError``)."""
+        assert code in _ERROR_STATUS, code
+        return self._add(Fault(code, method, re.compile(key), frozenset(query), times))
+
+    def throttle(
+        self, method: str, key: str = "", *, times: int | None = 1, query: Iterable[str] = ()
+    ) -> Fault:
+        """Answer matching requests with 503 SlowDown."""
+        return self.error(method, key, code=SLOW_DOWN, times=times, query=query)
+
+    def drop_connection(
+        self,
+        method: str,
+        key: str = "",
+        *,
+        times: int | None = 1,
+        query: Iterable[str] = (),
+        fraction: float = 0.5,
+    ) -> Fault:
+        """Read ``fraction`` of a matching request's body, then reset the connection."""
+        return self._add(Fault(DROP, method, re.compile(key), frozenset(query), times, fraction))
+
+    def fail_deletes(
+        self, key: str, code: str = "AccessDenied", *, times: int | None = None
+    ) -> Fault:
+        """Report keys matching ``key`` as per-key errors ``code`` in DeleteObjects answers.
+
+        ``times``: per key, how many requests get the error (None: every one).
+        """
+        return self._add(Fault(DELETE_ERROR, "POST", re.compile(key), times=times, code=code))
+
+    def cap_list_keys(self, max_keys: int | None) -> None:
+        """Make every ListObjectsV2 request ask for at most ``max_keys`` keys (None: stop)."""
+        with self._lock:
+            self.max_keys = max_keys
+
+    def clear(self) -> None:
+        """Inject nothing more (what was recorded stays)."""
+        with self._lock:
+            self.faults, self.max_keys = [], None
+
+    @property
+    def injected(self) -> list[tuple[str, S3Request]]:
+        """Every request a fault hit, with the fault's kind."""
+        with self._lock:
+            return [(f.kind, r) for f in self.faults for r in f.injected]
+
+    def failed_delete_keys(self) -> list[str]:
+        """Keys reported as per-key errors so far."""
+        with self._lock:
+            return list(self._failed_delete_keys)
+
+    # -- the WSGI side ---------------------------------------------------------------------
+
+    def handle(
+        self,
+        request: S3Request,
+        environ: dict[str, Any],
+        start_response: Callable[..., Any],
+        app: Callable[..., Any],
+    ) -> Any:
+        with self._lock:
+            fault = next((f for f in self.faults if f.take(request)), None)
+            max_keys = self.max_keys
+        if fault is not None and fault.kind == DROP:
+            _drop_connection(environ, fault.fraction)
+        if fault is not None:
+            _read_body(environ)  # a well-behaved server reads the body it does not want
+            body = _error_document(
+                fault.kind, _ERROR_MESSAGE[fault.kind], f"/{request.bucket}/{request.key}"
+            )
+            start_response(
+                _ERROR_STATUS[fault.kind],
+                [("Content-Type", "application/xml"), ("Content-Length", str(len(body)))],
+            )
+            return [] if request.method == "HEAD" else [body]
+        if request.is_batch_delete:
+            return self._delete_objects(request, environ, start_response, app)
+        names = _query_names(request.query)
+        if request.method == "GET" and not request.key and names <= _LIST_PARAMETERS:
+            with self._lock:
+                self.list_requests.append(request)
+            if max_keys is not None and "list-type" in names:
+                pairs = parse_qsl(request.query, keep_blank_values=True)
+                asked = [int(v) for k, v in pairs if k == "max-keys" and v.isdigit()]
+                limit = min([max_keys, *asked])
+                pairs = [(k, v) for k, v in pairs if k != "max-keys"] + [("max-keys", str(limit))]
+                environ["QUERY_STRING"] = urlencode(pairs)
+        return app(environ, start_response)
+
+    def _delete_objects(
+        self,
+        request: S3Request,
+        environ: dict[str, Any],
+        start_response: Callable[..., Any],
+        app: Callable[..., Any],
+    ) -> Any:
+        """Record the batch; hold back the keys to fail and add their ``<Error>`` entries."""
+        body = _read_body(environ)
+        document = ElementTree.fromstring(body)
+
+        def child(element: ElementTree.Element, name: str) -> str | None:
+            found = [c.text or "" for c in element if c.tag.rsplit("}", 1)[-1] == name]
+            return found[0] if found else None
+
+        keys = [child(e, "Key") or "" for e in document if e.tag.rsplit("}", 1)[-1] == "Object"]
+        quiet = child(document, "Quiet") or "false"
+        failing: dict[str, str] = {}
+        with self._lock:
+            self.delete_batches.append(keys)
+            for key in keys:
+                fault = next((f for f in self.faults if f.take_key(key, request)), None)
+                if fault is not None:
+                    failing[key] = fault.code
+        if not failing:
+            environ["wsgi.input"] = io.BytesIO(body)
+            return app(environ, start_response)
+        with self._lock:
+            self._failed_delete_keys.extend(failing)
+        errors = "".join(
+            f"<Error><Key>{escape(key)}</Key><Code>{escape(code)}</Code>"
+            f"<Message>{escape(_ERROR_MESSAGE.get(code, code))}</Message></Error>"
+            for key, code in failing.items()
+        )
+        if len(failing) == len(keys):  # nothing left for moto: answer alone
+            answer = (
+                f'<?xml version="1.0" encoding="UTF-8"?>\n<DeleteResult xmlns="{_S3_NS}">'
+                f"{errors}</DeleteResult>"
+            ).encode()
+            start_response(
+                "200 OK",
+                [("Content-Type", "application/xml"), ("Content-Length", str(len(answer)))],
+            )
+            return [answer]
+        kept = "".join(
+            f"<Object><Key>{escape(key)}</Key></Object>" for key in keys if key not in failing
+        )
+        _set_body(environ, f'<Delete xmlns="{_S3_NS}">{kept}<Quiet>{quiet}</Quiet></Delete>')
+        captured: dict[str, Any] = {}
+
+        def capture(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+            captured["status"], captured["headers"] = status, headers
+            return lambda data: None
+
+        chunks = app(environ, capture)
+        try:
+            answer = b"".join(chunks)
+        finally:
+            close = getattr(chunks, "close", None)
+            if close is not None:
+                close()
+        if captured["status"].startswith("200"):
+            end = answer.rindex(b"</DeleteResult>")
+            answer = answer[:end] + errors.encode() + answer[end:]
+        headers = [(k, v) for k, v in captured["headers"] if k.lower() != "content-length"]
+        start_response(captured["status"], [*headers, ("Content-Length", str(len(answer)))])
+        return [answer]
+
+
+def _read_body(environ: dict[str, Any]) -> bytes:
+    """The request body (by Content-Length); the stream is left empty."""
+    length = int(environ.get("CONTENT_LENGTH") or 0)
+    return environ["wsgi.input"].read(length) if length > 0 else b""
+
+
+def _set_body(environ: dict[str, Any], text: str) -> None:
+    """Replace the request body (for moto: signatures and checksums are not checked)."""
+    body = text.encode()
+    environ["wsgi.input"] = io.BytesIO(body)
+    environ["CONTENT_LENGTH"] = str(len(body))
+    for name in [n for n in environ if n.startswith("HTTP_X_AMZ_CHECKSUM_")]:
+        del environ[name]  # the body changed: its checksum would not match
+    environ.pop("HTTP_CONTENT_MD5", None)
+
+
+def _drop_connection(environ: dict[str, Any], fraction: float) -> None:
+    """Read ``fraction`` of the body, then reset the TCP connection; raises ConnectionError.
+
+    werkzeug treats the ConnectionError as a dropped connection: it writes nothing more.
+    """
+    length = int(environ.get("CONTENT_LENGTH") or 0)
+    if length > 0:
+        environ["wsgi.input"].read(max(1, int(length * fraction)))
+    connection: socket.socket = environ["werkzeug.socket"]
+    # Linger 0: closing sends a RST, not a FIN — the peer sees "connection reset".
+    connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    connection.shutdown(socket.SHUT_RDWR)
+    connection.close()
+    raise ConnectionAbortedError("fault injected: connection dropped")
 
 
 @dataclass(frozen=True)
@@ -282,3 +628,13 @@ def s3(
     bucket = _bucket_name(request.node.name)
     client.create_bucket(Bucket=bucket)
     return S3Bucket(moto_s3.endpoint, bucket, client, moto_s3.log, tmp_path)
+
+
+@pytest.fixture
+def s3_faults(s3: S3Bucket) -> Iterator[S3Faults]:
+    """The fault plan of this test's bucket: empty at first, switched off after the test."""
+    faults = s3.log.faults(s3.bucket)
+    try:
+        yield faults
+    finally:
+        s3.log.clear_faults(s3.bucket)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import socket
 import threading
 import time
@@ -29,7 +30,7 @@ from pathlib import Path
 
 from pyiceberg.table import Table
 
-from compactor.errors import CommitConflictError, CompactorError
+from compactor.errors import CommitConflictError, CompactorError, first_line
 from compactor.iceberg.references import table_references
 from compactor.rewrite.intent import intent_files, listed_files
 from compactor.storage.deleter import delete_files
@@ -37,6 +38,9 @@ from compactor.storage.deleter import delete_files
 log = logging.getLogger(__name__)
 
 RECORD_SLOTS = ("compactor-run.0.json", "compactor-run.1.json")
+# Reads of the run record: attempts, and the first back-off (doubling) between them.
+SMALL_READ_ATTEMPTS = 5
+SMALL_READ_BACKOFF_S = 0.1
 
 
 class LeaseHeldError(CompactorError):
@@ -134,6 +138,28 @@ def record_paths(table: Table) -> list[str]:
     return [f"{table.metadata.location.rstrip('/')}/metadata/{name}" for name in RECORD_SLOTS]
 
 
+def _read_small_file(table: Table, path: str) -> bytes | None:
+    """The bytes of ``path``, or None when it does not exist; storage errors are retried.
+
+    A small ranged read fails at once on a throttled object store (an error document larger
+    than the range is not retried by pyarrow), so a few attempts are made here with back-off.
+    """
+    for attempt in range(SMALL_READ_ATTEMPTS):
+        try:
+            source = table.io.new_input(path)
+            if not source.exists():
+                return None
+            with source.open() as stream:
+                return stream.read()
+        except OSError as exc:
+            if attempt + 1 == SMALL_READ_ATTEMPTS:
+                raise CompactorError(
+                    f"run record {path}: cannot be read ({first_line(exc)})"
+                ) from exc
+            time.sleep(random.uniform(0.5, 1.0) * SMALL_READ_BACKOFF_S * 2**attempt)
+    return None
+
+
 def read_record(table: Table) -> RunRecord | None:
     """The newest intact slot of the table's run record, or None when there is none.
 
@@ -142,13 +168,12 @@ def read_record(table: Table) -> RunRecord | None:
     found: list[RunRecord] = []
     exists = False
     for path in record_paths(table):
-        source = table.io.new_input(path)
-        if not source.exists():
+        text = _read_small_file(table, path)
+        if text is None:
             continue
         exists = True
         try:
-            with source.open() as stream:
-                found.append(RunRecord(**json.loads(stream.read())))
+            found.append(RunRecord(**json.loads(text)))
         except (ValueError, TypeError) as exc:
             log.warning("unreadable run record %s (%s): ignoring this slot", path, exc)
     if found:
@@ -295,9 +320,12 @@ class RunLease:
     def _beat(self) -> None:
         while not self._stopped.wait(self._ttl_ms / 3000):
             with self._lock:
-                if not self._holds_locked():
-                    return
-                self._write_locked()
+                try:
+                    if not self._holds_locked():
+                        return
+                    self._write_locked()
+                except Exception as exc:  # a storage hiccup: the next beat tries again
+                    log.warning("run record heartbeat failed, retrying: %s", first_line(exc))
 
     def _holds_locked(self) -> bool:
         """Whether the newest record is still this run's; sets ``lost`` for good when not."""

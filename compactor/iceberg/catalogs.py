@@ -20,6 +20,7 @@ from pyiceberg.table import Table
 from pyiceberg.utils.config import Config
 
 from compactor.errors import ConfigError, TableNotFoundError, UsageError, first_line
+from compactor.iceberg.pyiceberg_compat import with_s3_retries
 from compactor.redaction import register_secrets
 
 EMBEDDED_CATALOG = "default"
@@ -45,6 +46,7 @@ def embedded_catalog() -> SqlCatalog:
         EMBEDDED_CATALOG,
         uri=f"sqlite:///{home / 'catalog.db'}",
         warehouse=(home / "warehouse").as_uri(),
+        **with_s3_retries({}),
     )
 
 
@@ -73,7 +75,7 @@ def open_catalog(name: str | None) -> Catalog:
         )
     register_secrets(properties)
     try:
-        return load_catalog(name, **cast(dict[str, str | None], properties))
+        return load_catalog(name, **cast(dict[str, str | None], with_s3_retries(properties)))
     except Exception as exc:
         missing = _missing_module(exc)
         if missing:

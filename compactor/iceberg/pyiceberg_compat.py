@@ -9,11 +9,12 @@ upgrade touches this file alone.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pyarrow.fs import AwsStandardS3RetryStrategy
 from pyiceberg.expressions import AlwaysTrue, BooleanExpression
 from pyiceberg.expressions.visitors import (
     _InclusiveMetricsEvaluator,
@@ -296,3 +297,26 @@ def position_delete_schema() -> tuple[Schema, pa.Schema]:
         NestedField(POSITION_DELETE_POS_ID, "pos", LongType(), required=True),
     )
     return schema, schema_to_pyarrow(schema, include_field_ids=True)
+
+
+# pyarrow's S3 client tries 3 times by default: too few for a throttled bucket (503 SlowDown).
+# Iceberg Java's S3FileIO retries 5 times (s3.retry.num-retries): 6 attempts, as here.
+S3_RETRY_ATTEMPTS = 6
+S3_RETRY_PROPERTY = "s3.retry-strategy-impl"
+
+
+class PatientS3RetryStrategy(AwsStandardS3RetryStrategy):
+    """pyarrow's standard S3 retries with exponential back-off, S3_RETRY_ATTEMPTS attempts.
+
+    pyiceberg builds it from the ``s3.retry-strategy-impl`` property (a class path, no
+    arguments), which :func:`with_s3_retries` sets unless the configuration sets its own.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(max_attempts=S3_RETRY_ATTEMPTS)
+
+
+def with_s3_retries(properties: Mapping[str, Any]) -> dict[str, Any]:
+    """``properties`` with compactor's S3 retry strategy, unless they name one already."""
+    strategy = f"{PatientS3RetryStrategy.__module__}.{PatientS3RetryStrategy.__qualname__}"
+    return {S3_RETRY_PROPERTY: strategy, **properties}

@@ -27,6 +27,7 @@ from compactor.iceberg.codec import (
     parse_type,
     partition_types,
 )
+from compactor.iceberg.pyiceberg_compat import with_s3_retries
 from compactor.planning.planner import Plan, TaskInput
 
 JSON_VERSION = 2
@@ -207,7 +208,9 @@ def plan_tasks(plan: Plan, run_id: str, io_properties: Mapping[str, str]) -> lis
                 table=plan.table,
                 metadata_location=plan.metadata_location,
                 # Strings only: a REST catalog puts its auth manager object among them.
-                io_properties={k: v for k, v in io_properties.items() if isinstance(v, str)},
+                io_properties=with_s3_retries(
+                    {k: v for k, v in io_properties.items() if isinstance(v, str)}
+                ),
                 spec_id=group.spec_id,
                 partition=group.partition,
                 partition_types={i: partition_types(specs[i], schema) for i in sorted(spec_ids)},
