@@ -36,6 +36,7 @@ from compactor.maintain.guards import (
     tables_in_listing,
 )
 from compactor.options import MIN_ORPHAN_AGE_MS
+from compactor.storage.deleter import OpenUpload, abort_uploads, list_open_uploads
 from compactor.storage.listing import StoredFile, list_files
 from compactor.storage.paths import UnsafePathError, is_within, location_key
 
@@ -83,6 +84,8 @@ class OrphanScan:
     refused: list[str] = field(default_factory=list)
     in_run_record: int = 0
     other_tables: Counter[str] = field(default_factory=Counter)  # owning table -> files
+    # Multipart uploads begun before the cut-off and never finished (object stores only).
+    open_uploads: list[OpenUpload] = field(default_factory=list)
 
 
 def _kind(location: str, table_location: str) -> str:
@@ -129,6 +132,14 @@ def find_orphans(table: Table, cutoff_ms: int, *, catalog: Catalog | None = None
         else:
             kind = _kind(stored.location, table.metadata.location)
             scan.orphans.append(FileRef(stored.location, kind, stored.size))
+    for upload in list_open_uploads(table.io, table.metadata.location):
+        if (
+            is_within(upload.location, table.metadata.location)
+            and fences.owner(upload.location) is None
+            and location_key(upload.location) not in recorded  # a live run's, still uploading
+            and upload.initiated_ms < cutoff_ms
+        ):
+            scan.open_uploads.append(upload)
     return scan
 
 
@@ -141,6 +152,7 @@ class OrphanResult:
     cutoff_ms: int
     scan: OrphanScan
     report: DeletionReport
+    failed_uploads: list[OpenUpload] = field(default_factory=list)
     duration_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
@@ -156,6 +168,10 @@ class OrphanResult:
             "refused": self.scan.refused,
             **self.report.to_dict(),
             "orphans": [ref.location for ref in self.scan.orphans] if self.dry_run else [],
+            "open_uploads": len(self.scan.open_uploads),
+            "aborted_uploads": 0
+            if self.dry_run
+            else len(self.scan.open_uploads) - len(self.failed_uploads),
             "duration_s": round(self.duration_s, 3),
         }
 
@@ -210,4 +226,7 @@ def remove_orphans(
     scan = find_orphans(table, cutoff_ms, catalog=catalog)
     report = DeletionReport()
     delete_unreachable(table, scan.orphans, dry_run=dry_run, report=report)
-    return OrphanResult(identifier, dry_run, cutoff_ms, scan, report, time.monotonic() - started)
+    failed_uploads = [] if dry_run else abort_uploads(table.io, scan.open_uploads)
+    return OrphanResult(
+        identifier, dry_run, cutoff_ms, scan, report, failed_uploads, time.monotonic() - started
+    )
