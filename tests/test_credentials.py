@@ -6,10 +6,13 @@ import logging
 import os
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from helpers import commit_delete_files, live_data_files, write_position_delete_file
+from test_daemon import DaemonProcess
 from test_s3 import TABLE, make_table
 
 from compactor.daemon.logs import JsonFormatter
@@ -127,3 +130,53 @@ def test_s3_runs_print_log_and_store_no_credential(
     for secret in (ACCESS_KEY_ID, SECRET):
         assert secret not in everything
         assert not [blob for blob in stored if secret.encode() in blob]
+
+
+def test_the_daemon_on_s3_logs_measures_and_stores_no_credential(
+    s3: S3Bucket, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A --verbose daemon compacting and rewriting delete files: its log lines (botocore's
+    debug lines included), /metrics and its state file hold no credential."""
+    catalog, table = make_table(s3)
+    files = sorted(live_data_files(table).values(), key=lambda f: f.file_path)
+    same = [f for f in files if f.partition == files[0].partition]
+    commit_delete_files(table, [write_position_delete_file(table, {f: [0]}) for f in same[:2]])
+    prefix = f"PYICEBERG_CATALOG__{s3.catalog_name.upper()}__"
+    properties = {
+        "type": "sql",
+        "uri": s3.catalog_uri,
+        "warehouse": s3.warehouse,
+        **s3.properties(),
+        "s3.access-key-id": ACCESS_KEY_ID,
+        "s3.secret-access-key": SECRET,
+    }
+    for key, value in properties.items():
+        monkeypatch.setenv(prefix + key.upper().replace(".", "__").replace("-", "_"), value)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY_ID)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "all.toml").write_text(
+        'tables = ["db.*"]\n\n[compact]\nevery = "1s"\nmin_small_files = 2\n'
+        'min_input_files = 2\ntarget_file_size = "1MiB"\nallow_small_target = true\n'
+        'cooldown = "1h"\n\n[rewrite_deletes]\nevery = "1s"\n'
+    )
+    (tmp_path / "compactor.toml").write_text(
+        f'[daemon]\ncatalog = "{s3.catalog_name}"\nstate = "state.db"\n'
+        'listen = "127.0.0.1:0"\nlog_format = "json"\n'
+    )
+    command = [str(COMPACTOR), "--verbose", "daemon", "--config", "compactor.toml"]
+    daemon = DaemonProcess(command, dict(os.environ), tmp_path)
+    try:
+        daemon.run_finished(TABLE, committed=True)
+        daemon.run_finished(TABLE, action="rewrite_deletes")
+        with urllib.request.urlopen(f"{daemon.url}/metrics", timeout=30) as response:
+            metrics = response.read().decode()
+    finally:
+        assert daemon.terminate() == 0, "".join(daemon.lines)
+    logged = "".join(daemon.lines)
+    assert "botocore" in logged and "Authorization" in logged  # the debug lines were there
+    assert 'compactor_runs_total{action="rewrite_deletes"' in metrics
+    state = (tmp_path / "state.db").read_bytes()
+    for secret in (ACCESS_KEY_ID, SECRET):
+        assert secret not in logged and secret not in metrics
+        assert secret.encode() not in state
