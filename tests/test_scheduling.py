@@ -27,6 +27,8 @@ from pyiceberg.table import Table
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import LongType, NestedField, StringType
 
+from compactor.daemon.fragmentation import MANIFESTS, SUMMARY, Fragmentation, FragmentationScanner
+from compactor.daemon.fragmentation import due_reasons as fragmentation_due_reasons
 from compactor.daemon.history import History
 from compactor.daemon.jobfiles import CompactAction
 from compactor.daemon.scheduling import (
@@ -42,8 +44,6 @@ from compactor.daemon.scheduling import (
     RunPolicy,
 )
 from compactor.options import MIN_FILE_SIZE_RATIO
-from compactor.daemon.fragmentation import MANIFESTS, SUMMARY, Fragmentation, FragmentationScanner
-from compactor.daemon.fragmentation import due_reasons as fragmentation_due_reasons
 from compactor.planning.health import table_health
 
 MiB = 1 << 20
