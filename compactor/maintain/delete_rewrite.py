@@ -587,7 +587,7 @@ def _write_delete_files(
     kwargs = parquet_writer_kwargs(metadata.properties)
     spec = metadata.specs()[group.spec_id]
     key = None
-    if not spec.is_unpartitioned():
+    if not is_unpartitioned(spec):
         key = PartitionPath(spec, metadata.schema(), group.partition)
     locations = table.location_provider()
     outputs: list[DataFile] = []

@@ -23,6 +23,7 @@ from compactor.iceberg.pyiceberg_compat import (
     to_write_batch,
     write_schema,
 )
+from compactor.planning.planner import is_unpartitioned
 
 # A file is closed once it is this close to the target; the next row group is sized to fill it.
 FILL_RATIO = 0.97
@@ -153,7 +154,7 @@ class RollingParquetWriter:
         self._counter += 1
         spec = self.out.metadata.specs()[self.out.spec_id]
         key = None
-        if not spec.is_unpartitioned():
+        if not is_unpartitioned(spec):  # all-void specs too, as Java's location provider
             key = PartitionPath(spec, self.out.metadata.schema(), self.out.partition)
         path = self.out.locations.new_data_location(name, key)  # type: ignore[arg-type]
         self.created.append(path)
