@@ -89,10 +89,6 @@ def redact(text: str) -> str:
     return text
 
 
-def _redact_value(value: Any) -> Any:
-    return redact(value) if isinstance(value, str) else value
-
-
 class RedactingFilter(logging.Filter):
     """Masks secrets in a record's message, its arguments, extra fields and exception text."""
 
@@ -106,7 +102,7 @@ class RedactingFilter(logging.Filter):
             record.exc_info = None
         for key, value in list(vars(record).items()):
             if isinstance(value, str) and key not in {"msg", "name", "levelname", "pathname"}:
-                setattr(record, key, _redact_value(value))
+                setattr(record, key, redact(value))
         return True
 
 

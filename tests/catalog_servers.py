@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import fcntl
 import functools
 import hashlib
 import itertools
@@ -58,7 +57,9 @@ from typing import Any, Protocol
 from urllib.parse import quote
 
 import boto3
+import java_reader
 import pytest
+from java_reader import file_lock
 from pyiceberg.catalog import Catalog, load_catalog
 from s3_server import ACCESS_KEY, AWS_LEAKY, HOST, REGION, SECRET_KEY, MotoS3
 
@@ -359,20 +360,9 @@ def _tail(path: Path, chars: int = 4000) -> str:
         return ""
 
 
-@contextlib.contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def cache_root() -> Path:
-    base = os.environ.get("COMPACTOR_TEST_CACHE") or Path.home() / ".cache" / "compactor-tests"
-    return Path(base)
+    """The test caches' root (``COMPACTOR_TEST_CACHE``), which the Java reader's also lives in."""
+    return java_reader.cache_root().parent
 
 
 # --------------------------------------------------------------------------------------------

@@ -200,7 +200,8 @@ def _load(build_dir: Path, java: str) -> JavaReader | None:
 
 
 @contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
+def file_lock(path: Path) -> Iterator[None]:
+    """An exclusive lock on ``path`` across processes (pytest workers, sessions)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
@@ -261,7 +262,7 @@ def ensure_reader() -> JavaReader:
         build_dir = cache_root() / source_hash()
         reader = _load(build_dir, java)
         if reader is None:
-            with _file_lock(build_dir.with_name(f"{build_dir.name}.lock")):
+            with file_lock(build_dir.with_name(f"{build_dir.name}.lock")):
                 reader = _load(build_dir, java)
                 if reader is None:
                     _build(build_dir)

@@ -37,24 +37,17 @@ from pyiceberg.manifest import (
     ManifestContent,
     ManifestEntry,
     ManifestEntryStatus,
-    write_manifest_list,
 )
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
-from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
-from pyiceberg.table.snapshots import Operation, Snapshot, Summary
-from pyiceberg.table.update import (
-    AddSnapshotUpdate,
-    AssertRefSnapshotId,
-    AssertTableUUID,
-    SetSnapshotRefUpdate,
-)
+from pyiceberg.table.snapshots import Operation, Summary
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import LongType, NestedField, StringType
 
 from compactor.commit.inflight import read_record
 from compactor.errors import CommitStateUnknownError, UnsupportedTableError
+from compactor.iceberg.delete_files import commit_manifests
 from compactor.iceberg.pyiceberg_compat import manifest_writer
 from compactor.maintain import delete_rewrite
 from compactor.maintain.delete_rewrite import rewrite_position_deletes
@@ -168,42 +161,7 @@ def _remove_delete_file(table: Table, delete_file: DataFile) -> None:
                     )
                 )
         manifests.append(writer.to_manifest_file())
-    manifest_list = locations.new_metadata_location(f"snap-{snapshot_id}-0-{uuid.uuid4()}.avro")
-    sequence_number = metadata.next_sequence_number()
-    with write_manifest_list(
-        format_version=2,
-        output_file=table.io.new_output(manifest_list),
-        snapshot_id=snapshot_id,
-        parent_snapshot_id=head.snapshot_id,
-        sequence_number=sequence_number,
-        avro_compression="deflate",
-    ) as list_writer:
-        list_writer.add_manifests(manifests)
-    snapshot = Snapshot(
-        snapshot_id=snapshot_id,
-        parent_snapshot_id=head.snapshot_id,
-        sequence_number=sequence_number,
-        manifest_list=manifest_list,
-        summary=Summary(operation=Operation.DELETE),
-        schema_id=metadata.current_schema_id,
-    )
-    table.catalog.commit_table(
-        table,
-        (
-            AssertTableUUID(uuid=metadata.table_uuid),
-            AssertRefSnapshotId(ref=MAIN_BRANCH, snapshot_id=head.snapshot_id),
-        ),
-        (
-            AddSnapshotUpdate(snapshot=snapshot),
-            SetSnapshotRefUpdate(
-                ref_name=MAIN_BRANCH,
-                type=SnapshotRefType.BRANCH,
-                snapshot_id=snapshot_id,
-                parent_snapshot_id=head.snapshot_id,
-            ),
-        ),
-    )
-    table.refresh()
+    commit_manifests(table, snapshot_id, manifests, Summary(operation=Operation.DELETE))
 
 
 def _position_deletes(table: Table) -> dict[str, DataFile]:

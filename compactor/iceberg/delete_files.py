@@ -25,6 +25,7 @@ from pyiceberg.manifest import (
     ManifestContent,
     ManifestEntry,
     ManifestEntryStatus,
+    ManifestFile,
     write_manifest_list,
 )
 from pyiceberg.schema import Schema
@@ -156,7 +157,6 @@ def commit_delete_files(
             f"table {table.name()}: delete files are committed to format-2 tables with a snapshot"
         )
     snapshot_id = metadata.new_snapshot_id()
-    sequence_number = metadata.next_sequence_number()
     commit_uuid = uuid.uuid4()
     locations = table.location_provider()
     by_spec: dict[int, list[DataFile]] = {}
@@ -189,17 +189,6 @@ def commit_delete_files(
                 )
         new_manifests.append(writer.to_manifest_file())
 
-    manifest_list = locations.new_metadata_location(f"snap-{snapshot_id}-0-{commit_uuid}.avro")
-    with write_manifest_list(
-        format_version=2,
-        output_file=table.io.new_output(manifest_list),
-        snapshot_id=snapshot_id,
-        parent_snapshot_id=head.snapshot_id,
-        sequence_number=sequence_number,
-        avro_compression="deflate",
-    ) as list_writer:
-        list_writer.add_manifests(head.manifests(table.io) + new_manifests)
-
     collector = SnapshotSummaryCollector()
     for delete_file in delete_files:
         collector.add_file(
@@ -211,6 +200,29 @@ def commit_delete_files(
         Summary(operation=operation, **collector.build()),
         previous_summary=head.summary.additional_properties if head.summary else None,
     )
+    return commit_manifests(table, snapshot_id, head.manifests(table.io) + new_manifests, summary)
+
+
+def commit_manifests(
+    table: Table, snapshot_id: int, manifests: list[ManifestFile], summary: Summary
+) -> Table:
+    """Commit a snapshot listing ``manifests`` on main over its head; returns the table."""
+    metadata = table.metadata
+    head = table.current_snapshot()
+    assert head is not None
+    sequence_number = metadata.next_sequence_number()
+    manifest_list = table.location_provider().new_metadata_location(
+        f"snap-{snapshot_id}-0-{uuid.uuid4()}.avro"
+    )
+    with write_manifest_list(
+        format_version=2,
+        output_file=table.io.new_output(manifest_list),
+        snapshot_id=snapshot_id,
+        parent_snapshot_id=head.snapshot_id,
+        sequence_number=sequence_number,
+        avro_compression="deflate",
+    ) as list_writer:
+        list_writer.add_manifests(manifests)
     snapshot = Snapshot(
         snapshot_id=snapshot_id,
         parent_snapshot_id=head.snapshot_id,
