@@ -29,6 +29,18 @@ a file lock, so parallel pytest workers and later sessions reuse it. Maven's loc
 (``~/.m2``) caches the dependencies; the first build needs Maven Central. A failed build raises
 :class:`JavaReaderBuildError`: tests using the reader error out, they are never skipped.
 
+Row lineage (format v3): for a v3 table Java reads the current state and every snapshot with the
+projection ``MetadataColumns.schemaWithRowLineage(schema)``, so Iceberg's generic readers report
+each live row's ``_row_id`` and ``_last_updated_sequence_number`` as Java computes them: the
+file's own value when it has the column and the value is not null, else inherited, the row id as
+the data file's ``first_row_id`` plus the row's position in the file and the sequence number as
+the data file's *file* sequence number (Java's ``PartitionUtil.constantsMap`` passes
+``fileSequenceNumber()``, not the data sequence number); for a data file without
+``first_row_id`` both are null, whatever the file holds. :meth:`JavaRead.lineage` counts
+(canonical row, row id, sequence number); ``JavaRead.next_row_id`` is the table's next-row-id.
+v1 and v2 tables are read without lineage (no extra cost); ``lineage=`` of
+:func:`java_read_location` forces it on or off. Refs are read without lineage.
+
 Rows are compared as multisets of canonical strings, one per row: a JSON array of the top-level
 values, written identically by both sides (see :func:`canonical_value`). Supported Iceberg types:
 boolean, int, long, float, double (NaN, infinities and -0 kept apart), decimal, string, uuid,
@@ -278,12 +290,23 @@ def ensure_reader() -> JavaReader:
 # --------------------------------------------------------------------------------------------
 
 
+# One live row's lineage as Java reads it: (canonical row, _row_id,
+# _last_updated_sequence_number); the ids are None only where Java inherits none (a data file
+# without first_row_id).
+LineageRow = tuple[str, int | None, int | None]
+
+
 @dataclass(frozen=True)
 class RowsRead:
-    """The rows one Java read returned: column names and canonical rows, counted."""
+    """The rows one Java read returned: column names and canonical rows, counted.
+
+    ``lineage``: with row lineage read (format v3), each row with its ``_row_id`` and
+    ``_last_updated_sequence_number``, counted; None when lineage was not read.
+    """
 
     columns: tuple[str, ...]
     rows: Counter[str]
+    lineage: Counter[LineageRow] | None = None
 
     @property
     def row_count(self) -> int:
@@ -300,6 +323,7 @@ class SnapshotRead:
     manifest_list: str
     manifests: tuple[str, ...]
     read: RowsRead | None  # None when its rows were not asked for
+    sequence_number: int | None = None
 
 
 @dataclass(frozen=True)
@@ -339,10 +363,29 @@ class JavaRead:
     snapshots: dict[int, SnapshotRead]
     refs: dict[str, RefRead]
     manifests: tuple[ManifestRead, ...]
+    next_row_id: int | None = None  # the table's next-row-id (format v3), else None
 
     @property
     def snapshot_ids(self) -> list[int]:
         return list(self.snapshots)
+
+    def lineage(self, snapshot_id: int | None = None) -> Counter[LineageRow]:
+        """Each live row of ``snapshot_id`` (None: the current state) with its row lineage.
+
+        Counts ``(canonical row, _row_id, _last_updated_sequence_number)`` as Iceberg Java reads
+        them (see the module docstring). Raises ``ValueError`` for a table below format v3 or a
+        read made with ``lineage=False``, ``KeyError`` for a snapshot whose rows were not read.
+        """
+        read = self.read(snapshot_id)
+        if read.lineage is None:
+            what = "the current table state" if snapshot_id is None else f"snapshot {snapshot_id}"
+            why = (
+                f"format v{self.format_version} has no row lineage"
+                if self.format_version < 3
+                else "the read was made with lineage=False"
+            )
+            raise ValueError(f"Java read no row lineage of {what}: {why}")
+        return read.lineage
 
     def live_files(self, snapshot_id: int | None = None) -> Counter[str]:
         """Live files of ``snapshot_id`` (default: the current one) by kind, from its manifests."""
@@ -374,7 +417,14 @@ def _rows(doc: dict[str, Any]) -> RowsRead | None:
         return None
     rows = Counter(doc["rows"])
     assert rows.total() == doc["row_count"]
-    return RowsRead(tuple(doc["columns"]), rows)
+    lineage: Counter[LineageRow] | None = None
+    if "lineage" in doc:
+        assert len(doc["lineage"]) == len(doc["rows"])
+        lineage = Counter(
+            (row, row_id, sequence)
+            for row, (row_id, sequence) in zip(doc["rows"], doc["lineage"], strict=True)
+        )
+    return RowsRead(tuple(doc["columns"]), rows, lineage)
 
 
 def parse_java_output(metadata_location: str, text: str) -> JavaRead:
@@ -391,6 +441,7 @@ def _java_read(metadata_location: str, doc: dict[str, Any]) -> JavaRead:
             manifest_list=value["manifest_list"],
             manifests=tuple(value["manifests"]),
             read=_rows(value),
+            sequence_number=value.get("sequence_number"),
         )
         for key, value in doc["snapshots"].items()
     }
@@ -419,6 +470,7 @@ def _java_read(metadata_location: str, doc: dict[str, Any]) -> JavaRead:
         snapshots=snapshots,
         refs=refs,
         manifests=manifests,
+        next_row_id=doc.get("next_row_id"),
     )
 
 
@@ -592,6 +644,7 @@ def java_read_location(
     metadata_location: str,
     snapshot_ids: Iterable[int] | None = None,
     io_properties: Mapping[str, Any] | None = None,
+    lineage: bool | None = None,
 ) -> JavaRead:
     """Read one metadata.json with the session's Java reader.
 
@@ -600,6 +653,8 @@ def java_read_location(
     properties (see :func:`java_io_properties`; default: the AWS SDK's own configuration).
     Every manifest list and manifest is read; rows are read for the current state and for
     ``snapshot_ids`` (default: every snapshot; an empty list: none) and the refs pointing at them.
+    ``lineage``: read the row lineage of the current state and of those snapshots (see
+    :meth:`JavaRead.lineage`); None (default) reads it for format v3 tables only.
     """
     global _server
     reader = ensure_reader()
@@ -609,6 +664,7 @@ def java_read_location(
             "metadata_location": metadata_location,
             "snapshot_ids": None if snapshot_ids is None else [int(i) for i in snapshot_ids],
             "io": io,
+            "lineage": lineage,
         }
     ).encode()
     with _server_lock:
@@ -651,12 +707,14 @@ def java_read_location(
     return _java_read(metadata_location, answer["result"])
 
 
-def java_read(table: Table, snapshot_ids: Iterable[int] | None = None) -> JavaRead:
+def java_read(
+    table: Table, snapshot_ids: Iterable[int] | None = None, lineage: bool | None = None
+) -> JavaRead:
     """Run the Java reader on ``table``'s current metadata.json (see :func:`java_read_location`).
 
     S3 settings come from the table's FileIO properties (``table.io.properties``).
     """
-    return java_read_location(table.metadata_location, snapshot_ids, table.io.properties)
+    return java_read_location(table.metadata_location, snapshot_ids, table.io.properties, lineage)
 
 
 # --------------------------------------------------------------------------------------------

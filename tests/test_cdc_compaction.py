@@ -11,16 +11,32 @@ rewritten, no delete file is left.
 from __future__ import annotations
 
 from collections import Counter
+from datetime import UTC, datetime
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 from helpers import live_data_files, live_delete_files, run_compaction
 from java_reader import JavaReader, java_read
 from java_writer import read_expected, write_cdc_table
 from pyiceberg.catalog import Catalog
+from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 
-from compactor.errors import UnsupportedTableError
+import compactor
+from compactor import compaction
+from compactor.commit.committer import commit_replace
+from compactor.iceberg.delete_files import commit_delete_files, write_deletion_vectors
+from compactor.iceberg.pyiceberg_compat import (
+    delete_file_key,
+    first_row_id,
+    is_deletion_vector,
+    manifest_entries,
+    referenced_data_file,
+    snapshot_manifests,
+)
+from compactor.planning.health import table_health
+from compactor.planning.tasks import RewriteTask, plan_tasks
 
 # scenario -> partitions of its current data (one output file each)
 COMPACTED = {"upsert": 4, "merge-on-read": 3, "void-spec": 5, "schema-change": 1}
@@ -61,13 +77,168 @@ def test_java_reads_the_same_rows_after_compaction(
     assert summary["deleted_rows_applied"] > 0
 
 
-def test_a_format_v3_table_is_refused_and_left_as_it_was(
+def test_a_format_v3_table_with_deletion_vectors_is_compacted_and_its_dvs_removed(
     catalog: Catalog, tmp_path: Path, java_reader: JavaReader
 ) -> None:
     table, expected = _written(catalog, tmp_path, "dv")
-    metadata_location = table.metadata_location
-    with pytest.raises(UnsupportedTableError, match="format version 3"):
-        run_compaction(catalog, "db.dv")
-    table = catalog.load_table("db.dv")
-    assert table.metadata_location == metadata_location
-    assert java_read(table, []).current.rows == expected
+    before = java_read(table, [])
+    assert before.current.rows == expected
+    lineage = before.lineage()
+    kinds_before = before.live_files()
+    assert kinds_before["deletion_vectors"] > 1, kinds_before
+    assert (
+        table_health(table, "db.dv", 1 << 20).deletion_vectors == kinds_before["deletion_vectors"]
+    )
+    next_row_id = table.metadata.next_row_id
+
+    result, after = run_compaction(catalog, "db.dv")
+
+    summary = result.to_dict()
+    assert summary["failed_groups"] == [] and not result.plan.skipped, summary
+    assert summary["rewritten_files"] == kinds_before["data"]
+    # Every DV is its own entry (several share a Puffin file): each is counted and removed.
+    assert summary["rewritten_delete_files"] == kinds_before["deletion_vectors"]
+    assert summary["deleted_rows_applied"] > 0
+    read = java_read(after, [after.current_snapshot().snapshot_id])
+    assert read.current.rows == expected
+    # Row lineage kept: every row keeps its _row_id and _last_updated_sequence_number.
+    assert read.lineage() == lineage
+    assert read.live_files() == Counter({"data": 3})
+    assert table_health(after, "db.dv", 1 << 20).deletion_vectors == 0
+    # The replace snapshot takes its row ids from the table's next-row-id and advances it.
+    snapshot = after.current_snapshot()
+    assert snapshot.first_row_id == next_row_id
+    assert after.metadata.next_row_id == next_row_id + snapshot.added_rows
+
+
+def test_tasks_of_a_v3_table_carry_each_deletion_vector_through_json_exactly(
+    catalog: Catalog, tmp_path: Path
+) -> None:
+    table, _ = _written(catalog, tmp_path, "dv")
+    plan = compactor.plan(table, min_input_files=2)
+    tasks = plan_tasks(plan, "run000000001", table.io.properties)
+    dvs = [d for t in tasks for f in t.inputs for d in f.delete_files if is_deletion_vector(d)]
+    # DVs of one commit share a Puffin file: each still reaches the one input it names.
+    assert len({d.file_path for d in dvs}) < len(dvs)
+    assert all(
+        referenced_data_file(d) == f.path for t in tasks for f in t.inputs for d in f.delete_files
+    )
+    for task in tasks:
+        again = RewriteTask.from_json(task.to_json())
+        assert again.to_json() == task.to_json()
+        for mine, theirs in zip(again.inputs, task.inputs, strict=True):
+            assert first_row_id(mine.data_file) == first_row_id(theirs.data_file) is not None
+            assert [delete_file_key(d) for d in mine.delete_files] == [
+                delete_file_key(d) for d in theirs.delete_files
+            ]
+
+
+def _data_files_without_dv(table: Table) -> list[DataFile]:
+    version = table.metadata.format_version
+    entries = [
+        e
+        for m in snapshot_manifests(table.io, table.current_snapshot(), version)
+        for e in manifest_entries(table.io, m, version)
+    ]
+    with_dv = {
+        referenced_data_file(e.data_file) for e in entries if is_deletion_vector(e.data_file)
+    }
+    return sorted(
+        (
+            e.data_file
+            for e in entries
+            if e.data_file.content == 0 and e.data_file.file_path not in with_dv
+        ),
+        key=lambda f: f.file_path,
+    )
+
+
+def test_deletion_vectors_written_here_read_in_java_and_compact_with_lineage_kept(
+    catalog: Catalog, tmp_path: Path, java_reader: JavaReader
+) -> None:
+    table, _ = _written(catalog, tmp_path, "dv")
+    lineage_before = java_read(table, []).lineage()
+    targets = _data_files_without_dv(table)[:2]
+    assert len(targets) == 2
+    deleted = {f: range(0, f.record_count, 3) for f in targets}
+    table = commit_delete_files(table, write_deletion_vectors(table, deleted))
+
+    read = java_read(table, [])
+    # Java applies both DVs (one Puffin file); the rows left keep their lineage.
+    removed = sum(len(r) for r in deleted.values())
+    assert sum(read.lineage().values()) == sum(lineage_before.values()) - removed
+    assert not read.lineage() - lineage_before
+
+    result, after = run_compaction(catalog, "db.dv")
+    assert result.to_dict()["failed_groups"] == []
+    again = java_read(after, [])
+    assert again.lineage() == read.lineage()
+    assert again.live_files() == Counter({"data": 3})
+
+
+def test_a_deletion_vector_committed_mid_run_refuses_the_group_of_its_data_file(
+    catalog: Catalog, tmp_path: Path, java_reader: JavaReader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    table, _ = _written(catalog, tmp_path, "dv")
+    victim = _data_files_without_dv(table)[0]
+
+    def dv_then_commit(table: Table, *args, **kwargs):
+        other = catalog.load_table("db.dv")
+        commit_delete_files(other, write_deletion_vectors(other, {victim: [0]}))
+        return commit_replace(table, *args, **kwargs)
+
+    monkeypatch.setattr(compaction, "commit_replace", dv_then_commit)
+    expected_lineage_count = sum(java_read(table, []).lineage().values()) - 1
+    result, after = run_compaction(catalog, "db.dv")
+
+    summary = result.to_dict()
+    refused = [g for g in summary["failed_groups"] if "deletion vector" in g["reason"]]
+    assert len(refused) == 1 and victim.file_path in refused[0]["reason"], summary
+    assert victim.file_path in live_data_files(after)  # its group was not committed
+    read = java_read(after, [])
+    assert sum(read.lineage().values()) == expected_lineage_count
+
+
+def test_v3_outputs_carry_lineage_columns_through_a_second_compaction(
+    catalog: Catalog, tmp_path: Path, java_reader: JavaReader
+) -> None:
+    table, expected = _written(catalog, tmp_path, "dv")
+    lineage = java_read(table, []).lineage()
+    _, first = run_compaction(catalog, "db.dv", target_file_size="8KiB", max_group_size="12KiB")
+    outputs = [p for p in live_data_files(first) if "/compactor-" in p]
+    assert len(outputs) >= 3
+    for path in outputs:
+        names = pq.read_schema(path.removeprefix("file://")).names
+        assert names[-2:] == ["_row_id", "_last_updated_sequence_number"]
+
+    result, second = run_compaction(catalog, "db.dv")
+
+    assert result.to_dict()["rewritten_files"] >= len(outputs)
+    assert not set(outputs) & set(live_data_files(second))
+    read = java_read(second, [])
+    assert read.current.rows == expected
+    assert read.lineage() == lineage
+
+
+def test_expire_and_orphans_after_a_v3_compaction_keep_what_the_table_reads(
+    catalog: Catalog, tmp_path: Path, java_reader: JavaReader
+) -> None:
+    table, expected = _written(catalog, tmp_path, "dv")
+    puffins = {p for p in live_delete_files(table)}
+    _, after = run_compaction(catalog, "db.dv")
+    lineage = java_read(after, []).lineage()
+    newest = datetime.fromtimestamp(after.current_snapshot().timestamp_ms / 1000 + 1, UTC)
+
+    expired = compactor.expire_snapshots(after, older_than=newest.isoformat(), retain_last=1)
+    swept = compactor.remove_orphans(
+        catalog.load_table("db.dv"), older_than="0s", allow_short_older_than=True
+    )
+
+    assert expired.to_dict()["files_deleted"] > 0
+    assert swept.to_dict()["dry_run"] is False
+    final = catalog.load_table("db.dv")
+    assert len(final.metadata.snapshots) == 1
+    read = java_read(final, [])
+    assert read.current.rows == expected and read.lineage() == lineage
+    # The DVs' Puffin files went with the snapshots that referenced them.
+    assert not [p for p in puffins if Path(p.removeprefix("file://")).exists()]

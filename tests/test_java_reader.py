@@ -9,8 +9,10 @@ from __future__ import annotations
 import datetime as dt
 import math
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -37,8 +39,9 @@ from java_reader import (
     canonical_value,
     java_read,
 )
+from java_writer import read_expected, write_cdc_table
 from pyiceberg.catalog import Catalog
-from pyiceberg.manifest import ManifestContent, ManifestWriterV2
+from pyiceberg.manifest import DataFileContent, ManifestContent, ManifestWriterV2
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation
@@ -400,3 +403,197 @@ def test_comparison_fails_when_rows_differ(catalog: Catalog, java_reader: JavaRe
         assert_java_reads_same(table, expected={None: one_less})
     with pytest.raises(AssertionError, match="not in the table"):
         assert_java_reads_same(table, expected={12345: rows})
+
+
+# --------------------------------------------------------------------------------------------
+# Row lineage (format v3): _row_id and _last_updated_sequence_number as Java reads them
+# --------------------------------------------------------------------------------------------
+
+ROW_ID_FIELD_ID = 2147483540  # MetadataColumns.ROW_ID
+LAST_UPDATED_FIELD_ID = 2147483539  # MetadataColumns.LAST_UPDATED_SEQUENCE_NUMBER
+
+
+@pytest.fixture(scope="module")
+def dv_location(tmp_path_factory: pytest.TempPathFactory, java_reader: JavaReader) -> Path:
+    """java_writer's format-v3 "dv" table (appends, then deletion vectors), written once."""
+    location = tmp_path_factory.mktemp("lineage") / "dv"
+    write_cdc_table("dv", location, seed=0)
+    return location
+
+
+def _register_dv(catalog: Catalog, location: Path) -> Table:
+    table = catalog.register_table(("db", "dv"), read_expected(location).metadata_location)
+    assert table.format_version == 3
+    return table
+
+
+def _file_rows(uri: str, schema: Schema) -> list[str]:
+    """The canonical row at each position of one data file (read as a file, not a dataset)."""
+    data = pq.ParquetFile(local_path(uri)).read().to_pylist()
+    return [
+        "[" + ",".join(canonical_value(f.field_type, row[f.name]) for f in schema.fields) + "]"
+        for row in data
+    ]
+
+
+def _field_ids(uri: str) -> set[int]:
+    """The top-level field ids of one Parquet file."""
+    schema = pq.read_schema(local_path(uri))
+    return {int(f.metadata[b"PARQUET:field_id"]) for f in schema if f.metadata}
+
+
+def _live_data_entries(table: Table) -> list[Any]:
+    snapshot = table.current_snapshot()
+    assert snapshot is not None
+    return [
+        entry
+        for manifest in snapshot.manifests(table.io)
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True)
+        if entry.data_file.content == DataFileContent.DATA
+    ]
+
+
+def test_java_reports_row_lineage_of_every_live_row(catalog: Catalog, dv_location: Path) -> None:
+    """Every live row of every snapshot has a unique row id and a sequence number in range."""
+    table = _register_dv(catalog, dv_location)
+    java = java_read(table)
+    plain = java_read(table, lineage=False)  # the same table read without the lineage columns
+    current = table.current_snapshot()
+    assert current is not None
+
+    lineage = java.lineage()
+    assert lineage.total() == java.read().row_count > 0
+    # The rows with lineage are the rows Java reads without it, and the writer's model.
+    assert Counter({row: n for (row, _, _), n in lineage.items()}) == plain.rows()
+    assert java.rows() == plain.rows() == read_expected(dv_location).rows
+    assert plain.read().lineage is None
+    ids = [row_id for (_, row_id, _), n in lineage.items() for _ in range(n)]
+    assert None not in ids and len(set(ids)) == len(ids)
+    sequences = {seq for _, _, seq in lineage}
+    assert sequences <= set(range(1, current.sequence_number + 1)), sequences
+    assert len(sequences) >= 3  # rows of several commits, each with its own
+    assert java.next_row_id == table.metadata.next_row_id
+    assert java.next_row_id is not None and max(ids) < java.next_row_id
+
+    # Every snapshot: lineage for each row, ids stable from snapshot to snapshot.
+    by_row = {row: (row_id, seq) for row, row_id, seq in lineage}
+    for snapshot in table.metadata.snapshots:
+        sid = snapshot.snapshot_id
+        assert java.snapshots[sid].sequence_number == snapshot.sequence_number
+        old = java.lineage(sid)
+        assert Counter({row: n for (row, _, _), n in old.items()}) == plain.rows(sid)
+        old_ids = [row_id for _, row_id, _ in old]
+        assert None not in old_ids and len(set(old_ids)) == old.total() == len(old_ids)
+        assert {seq for _, _, seq in old} <= set(range(1, snapshot.sequence_number + 1))
+        for row, row_id, seq in old:
+            if row in by_row:
+                assert by_row[row] == (row_id, seq), (sid, row)
+    assert java.lineage(current.snapshot_id) == lineage
+
+
+def test_java_row_lineage_inherits_first_row_id_plus_position(
+    catalog: Catalog, dv_location: Path
+) -> None:
+    """Files without lineage columns: row id = the file's first row id + position, and the
+    sequence number the file's; each file's ids lie in the range its snapshot assigned."""
+    table = _register_dv(catalog, dv_location)
+    java = java_read(table, snapshot_ids=[])
+    by_row = {row: (row_id, seq) for row, row_id, seq in java.lineage()}
+    schema = table.schema()
+    ranges = []
+    seen = 0
+    for entry in _live_data_entries(table):
+        f = entry.data_file
+        assert not {ROW_ID_FIELD_ID, LAST_UPDATED_FIELD_ID} & _field_ids(f.file_path)
+        live = [
+            (pos, row) for pos, row in enumerate(_file_rows(f.file_path, schema)) if row in by_row
+        ]
+        assert live, f.file_path
+        seen += len(live)
+        firsts = {by_row[row][0] - pos for pos, row in live}
+        assert len(firsts) == 1, (f.file_path, firsts)  # consecutive by position, gaps for deletes
+        first = firsts.pop()
+        assert {by_row[row][1] for _, row in live} == {entry.sequence_number}
+        added_by = table.snapshot_by_id(entry.snapshot_id)
+        assert added_by is not None and added_by.first_row_id is not None
+        assert added_by.sequence_number == entry.sequence_number
+        assert added_by.first_row_id <= first
+        assert first + f.record_count <= added_by.first_row_id + added_by.added_rows
+        ranges.append((first, first + f.record_count))
+    assert seen == java.read().row_count  # every live row is in exactly one live file
+    ranges.sort()
+    assert all(a[1] <= b[0] for a, b in zip(ranges, ranges[1:], strict=False))  # disjoint
+
+
+def test_java_row_lineage_prefers_a_files_own_lineage_columns(
+    catalog: Catalog, java_reader: JavaReader, tmp_path: Path
+) -> None:
+    """A data file with _row_id and _last_updated_sequence_number columns: Java reports the
+    file's values, and inherits only where a value is null."""
+    location = tmp_path / "dv"
+    write_cdc_table("dv", location, seed=3)
+    table = _register_dv(catalog, location)
+    before = java_read(table, snapshot_ids=[])
+    by_row = {row: (row_id, seq) for row, row_id, seq in before.lineage()}
+    schema = table.schema()
+    # A data file with deletes (its live positions have gaps), rewritten in place, same rows.
+    target = next(
+        e.data_file
+        for e in _live_data_entries(table)
+        if 4
+        <= sum(row in by_row for row in _file_rows(e.data_file.file_path, schema))
+        < e.data_file.record_count
+    )
+    path = local_path(target.file_path)
+    data = pq.ParquetFile(path).read()
+    n = data.num_rows
+    row_ids = [10_000_000 + pos if pos % 3 == 0 else None for pos in range(n)]
+    sequences = [7_000 + pos if pos % 2 == 0 else None for pos in range(n)]
+    for name, field_id, values in (
+        ("_row_id", ROW_ID_FIELD_ID, row_ids),
+        ("_last_updated_sequence_number", LAST_UPDATED_FIELD_ID, sequences),
+    ):
+        field = pa.field(name, pa.int64(), metadata={b"PARQUET:field_id": str(field_id).encode()})
+        data = data.append_column(field, pa.array(values, pa.int64()))
+    pq.write_table(data, path)
+    assert {ROW_ID_FIELD_ID, LAST_UPDATED_FIELD_ID} <= _field_ids(target.file_path)
+
+    after = java_read(table, snapshot_ids=[])
+    assert after.rows() == before.rows()
+    expected = Counter(before.lineage())
+    rows = _file_rows(target.file_path, schema)
+    explicit = inherited = 0
+    for pos, row in enumerate(rows):
+        if row not in by_row:
+            continue  # deleted by a deletion vector: still deleted, by position
+        row_id, seq = by_row[row]
+        expected[(row, row_id, seq)] -= 1
+        new = (
+            row,
+            row_ids[pos] if row_ids[pos] is not None else row_id,
+            sequences[pos] if sequences[pos] is not None else seq,
+        )
+        expected[new] += 1
+        explicit += row_ids[pos] is not None
+        inherited += row_ids[pos] is None
+    assert explicit and inherited
+    assert after.lineage() == +expected
+
+
+def test_java_reports_no_row_lineage_below_v3(
+    catalog: Catalog, java_reader: JavaReader, dv_location: Path
+) -> None:
+    table = _events(catalog, format_version="2", commits=2)
+    java = java_read(table)
+    assert java.read().lineage is None and java.next_row_id is None
+    with pytest.raises(ValueError, match="format v2 has no row lineage"):
+        java.lineage()
+    with pytest.raises(ValueError, match="format v2"):
+        java.lineage(table.metadata.snapshots[0].snapshot_id)
+    # Forced on, Java inherits nothing: files of a v2 table have no first row id.
+    forced = java_read(table, snapshot_ids=[], lineage=True)
+    assert forced.lineage() == Counter({(row, None, None): n for row, n in java.rows().items()})
+
+    v3 = java_read(_register_dv(catalog, dv_location), snapshot_ids=[], lineage=False)
+    with pytest.raises(ValueError, match="lineage=False"):
+        v3.lineage()

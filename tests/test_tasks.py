@@ -62,7 +62,7 @@ from compactor.bench.sample import create_events_table
 from compactor.commit.inflight import RunRecord, boot_id, pid_namespace, record_paths
 from compactor.execute import make_executor
 from compactor.execute.executors import ThreadExecutor
-from compactor.iceberg.codec import DATA_FILE_STRUCT, decode_partition, encode_partition
+from compactor.iceberg.codec import DATA_FILE_STRUCTS, decode_partition, encode_partition
 from compactor.planning.tasks import RewriteTask, TaskResult, plan_tasks
 from compactor.rewrite.intent import listed_files
 from compactor.rewrite.task_runner import TaskCancelled, run_task
@@ -76,7 +76,8 @@ TIMEOUT_S = 300
 
 def fields(data_file: DataFile) -> list[tuple[str, Any]]:
     """Every field of a DataFile (and the Python type of each partition value), for comparing."""
-    values = [(f.name, data_file[i]) for i, f in enumerate(DATA_FILE_STRUCT.fields)]
+    struct = DATA_FILE_STRUCTS[len(data_file)]
+    values = [(f.name, data_file[i]) for i, f in enumerate(struct.fields)]
     partition = data_file.partition
     types = [type(partition[i]).__name__ for i in range(len(partition))]
     return [*values, ("spec_id", data_file.spec_id), ("partition types", types)]

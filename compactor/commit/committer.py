@@ -31,7 +31,6 @@ from pyiceberg.manifest import (
     ManifestEntry,
     ManifestEntryStatus,
     ManifestFile,
-    write_manifest_list,
 )
 from pyiceberg.table import Table, TableProperties
 from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
@@ -51,7 +50,16 @@ from pyiceberg.table.update import (
 from pyiceberg.utils.properties import property_as_int
 
 from compactor.errors import CommitConflictError, CommitStateUnknownError, first_line
-from compactor.iceberg.pyiceberg_compat import DeleteFileIndex, manifest_writer
+from compactor.iceberg.pyiceberg_compat import (
+    DeleteFileIndex,
+    delete_file_key,
+    is_deletion_vector,
+    manifest_entries,
+    manifest_writer,
+    referenced_data_file,
+    snapshot_manifests,
+    write_manifest_list,
+)
 from compactor.planning.planner import FileGroup, InputFile, Plan
 from compactor.planning.tasks import TaskResult
 from compactor.storage.deleter import delete_files
@@ -114,10 +122,11 @@ def _new_snapshots(table: Table, start_id: int | None, head: Snapshot | None) ->
 
 
 def _entries_added_by(table: Table, snapshot: Snapshot) -> Iterable[ManifestEntry]:
-    for manifest in snapshot.manifests(table.io):
+    version = table.metadata.format_version
+    for manifest in snapshot_manifests(table.io, snapshot, version):
         if manifest.added_snapshot_id != snapshot.snapshot_id:
             continue
-        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=False):
+        for entry in manifest_entries(table.io, manifest, version, discard_deleted=False):
             if entry.snapshot_id == snapshot.snapshot_id:
                 yield entry
 
@@ -145,7 +154,15 @@ def find_conflicts(
                 )
             if entry.status != ManifestEntryStatus.ADDED:
                 continue
-            if data_file.content == DataFileContent.POSITION_DELETES:
+            if is_deletion_vector(data_file):
+                target = referenced_data_file(data_file)
+                if target in group_of:
+                    conflicts.setdefault(
+                        group_of[target],
+                        f"deletion vector in {data_file.file_path} for input {target} "
+                        f"added by snapshot {snapshot.snapshot_id}",
+                    )
+            elif data_file.content == DataFileContent.POSITION_DELETES:
                 new_position_deletes.add_delete_file(entry, partition_key=data_file.partition)
                 has_position_deletes = True
         if has_position_deletes:
@@ -201,19 +218,20 @@ class _Attempt:
 
     def manifest_list(
         self, parent_id: int | None, sequence_number: int, manifests: list[ManifestFile]
-    ) -> str:
+    ) -> tuple[str, dict[str, int]]:
+        """Write the manifest list; returns its location and the snapshot's row-lineage fields."""
         name = f"snap-{self.snapshot_id}-1-{self.commit_uuid}.avro"
         output = self._output(name)
-        with write_manifest_list(
-            format_version=self.table.metadata.format_version,
-            output_file=output,
-            snapshot_id=self.snapshot_id,
-            parent_snapshot_id=parent_id,
-            sequence_number=sequence_number,
-            avro_compression=self._compression,
-        ) as writer:
-            writer.add_manifests(manifests)
-        return output.location
+        lineage = write_manifest_list(
+            self.table.metadata,
+            output,
+            self.snapshot_id,
+            parent_id,
+            sequence_number,
+            self._compression,
+            manifests,
+        )
+        return output.location, lineage
 
     def discard(self) -> None:
         delete_files(self.table.io, self.written)
@@ -234,14 +252,14 @@ def _filter_manifests(
     DELETED and can tell which inputs are no longer live). Manifests of the plan's snapshot are
     read again only when the plan cannot tell what to do with them.
     """
-    io = attempt.table.io
+    io, version = attempt.table.io, attempt.table.metadata.format_version
     remove = inputs.keys() | dangling
     by_manifest: dict[str, list[str]] = defaultdict(list)
     for path, f in inputs.items():
         by_manifest[f.manifest_path].append(path)
     manifests: list[ManifestFile] = []
     found: dict[str, ManifestEntry] = {}
-    for manifest in head.manifests(io):
+    for manifest in snapshot_manifests(io, head, version):
         path = manifest.manifest_path
         if path in plan.start_manifests:
             live = plan.manifest_live_entries.get(path)
@@ -252,7 +270,7 @@ def _filter_manifests(
                 continue
             planned = [inputs[p].entry for p in known]
             if len(known) == live and all(e is not None for e in planned):
-                found.update((e.data_file.file_path, e) for e in planned if e is not None)
+                found.update((delete_file_key(e.data_file), e) for e in planned if e is not None)
                 continue
         carried = carry_over(attempt, manifest, remove, found)
         if carried is not None:
@@ -263,16 +281,19 @@ def _filter_manifests(
 def carry_over(
     attempt: _Attempt, manifest: ManifestFile, remove: set[str], found: dict[str, ManifestEntry]
 ) -> ManifestFile | None:
-    """``manifest`` without the live entries whose paths are in ``remove`` (added to ``found``).
+    """``manifest`` without the live entries whose keys are in ``remove`` (added to ``found``).
 
+    Keys are paths, and for deletion vectors path and blob offset (:func:`delete_file_key`).
     The manifest itself when it holds none of them, None when nothing else is left, otherwise a
     new manifest with the other entries as EXISTING (sequence numbers kept).
     """
-    entries = manifest.fetch_manifest_entry(attempt.table.io, discard_deleted=True)
-    kept = [e for e in entries if e.data_file.file_path not in remove]
+    table = attempt.table
+    entries = manifest_entries(table.io, manifest, table.metadata.format_version)
+    keyed = [(delete_file_key(e.data_file), e) for e in entries]
+    kept = [e for key, e in keyed if key not in remove]
     if len(kept) == len(entries):
         return manifest
-    found.update((e.data_file.file_path, e) for e in entries if e.data_file.file_path in remove)
+    found.update((key, e) for key, e in keyed if key in remove)
     if not kept:
         return None
     with attempt.manifest_writer(manifest.partition_spec_id, manifest.content) as writer:
@@ -569,7 +590,7 @@ def replace_snapshot(
     ordered = [m for m in manifests if m.content == ManifestContent.DATA]
     ordered += [m for m in manifests if m.content == ManifestContent.DELETES]
     sequence_number = metadata.next_sequence_number()
-    manifest_list = attempt.manifest_list(head.snapshot_id, sequence_number, ordered)
+    manifest_list, lineage = attempt.manifest_list(head.snapshot_id, sequence_number, ordered)
     return Snapshot(
         snapshot_id=attempt.snapshot_id,
         parent_snapshot_id=head.snapshot_id,
@@ -577,4 +598,5 @@ def replace_snapshot(
         manifest_list=manifest_list,
         summary=_summary(attempt.table, head, added, removed, snapshot_properties),
         schema_id=metadata.current_schema_id,
+        **lineage,
     )

@@ -49,7 +49,12 @@ from compactor.daemon.scheduling import (
     RunPolicy,
 )
 from compactor.durations import parse_duration_ms
-from compactor.errors import CommitConflictError, GcDisabledError, first_line
+from compactor.errors import (
+    CommitConflictError,
+    GcDisabledError,
+    UnsupportedTableError,
+    first_line,
+)
 from compactor.iceberg.catalogs import all_namespaces, open_catalog
 from compactor.maintain.delete_rewrite import rewrite_position_deletes
 from compactor.maintain.expire import expire_snapshots, retention_policy
@@ -317,7 +322,9 @@ class Daemon:
         started = time.monotonic()
         try:
             row.outcome = self._perform(request, row)
-        except (LeaseHeldError, GcDisabledError) as exc:
+        except (LeaseHeldError, GcDisabledError, UnsupportedTableError) as exc:
+            # Held by another run, gc.enabled=false, or not something this action does (e.g.
+            # rewrite_deletes on a v3 table): nothing to retry, nothing changed.
             row.outcome, row.error = SKIPPED, first_line(exc)
         except CommitConflictError as exc:
             row.outcome, row.error, row.conflicts = CONFLICT, first_line(exc), 1

@@ -1,7 +1,8 @@
 """One JSON form for Iceberg DataFiles, exact for every field: what tasks and results carry.
 
-A DataFile becomes an object holding every field of the spec's ``data_file`` struct (format
-version 2, as pyiceberg reads manifests), plus its ``spec_id``. Metrics maps become lists of
+A DataFile becomes an object holding every field of the spec's ``data_file`` struct (of format
+version 2, or 3 for files read from v3 manifests, with ``first_row_id`` and the deletion vector
+fields), plus its ``spec_id``. Metrics maps become lists of
 ``[field id, value]`` pairs in their original order, bytes become base64, and the partition
 tuple becomes ``[[type, base64 of the value's single-value serialisation], ...]``: each value
 carries its Iceberg type, so a record decodes without the table's metadata and every type
@@ -17,7 +18,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 from pyiceberg.conversions import from_bytes, to_bytes
-from pyiceberg.manifest import DATA_FILE_TYPE, DEFAULT_READ_VERSION, DataFile, DataFileContent
+from pyiceberg.manifest import DATA_FILE_TYPE, DataFile, DataFileContent
 from pyiceberg.manifest import FileFormat as IcebergFileFormat
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
@@ -31,7 +32,7 @@ from pyiceberg.types import (
     UUIDType,
 )
 
-DATA_FILE_STRUCT = DATA_FILE_TYPE[DEFAULT_READ_VERSION]
+DATA_FILE_STRUCTS = {len(DATA_FILE_TYPE[v].fields): DATA_FILE_TYPE[v] for v in (2, 3)}
 _TYPES: TypeAdapter[IcebergType] = TypeAdapter(IcebergType)
 
 
@@ -113,12 +114,13 @@ def _decode(value: Any, field_type: IcebergType) -> Any:
 
 def encode_data_file(data_file: DataFile, types: PartitionTypes) -> dict[str, Any]:
     """Every field of ``data_file`` as JSON-ready values; ``types`` must know its spec."""
-    fields = DATA_FILE_STRUCT.fields
-    if len(data_file) != len(fields):
+    struct = DATA_FILE_STRUCTS.get(len(data_file))
+    if struct is None:
         raise ValueError(
             f"{data_file.file_path}: a data file with {len(data_file)} fields, expected "
-            f"{len(fields)} (format version {DEFAULT_READ_VERSION})"
+            f"one of {sorted(DATA_FILE_STRUCTS)} (format versions 2 and 3)"
         )
+    fields = struct.fields
     encoded: dict[str, Any] = {}
     for position, field in enumerate(fields):
         value = data_file[position]
@@ -137,7 +139,8 @@ def encode_data_file(data_file: DataFile, types: PartitionTypes) -> dict[str, An
 def decode_data_file(encoded: dict[str, Any]) -> DataFile:
     """The DataFile :func:`encode_data_file` encoded, equal in every field."""
     values: dict[str, Any] = {}
-    for field in DATA_FILE_STRUCT.fields:
+    struct = DATA_FILE_TYPE[3] if "first_row_id" in encoded else DATA_FILE_TYPE[2]
+    for field in struct.fields:
         value = encoded[field.name]
         if field.name == "content":
             values[field.name] = DataFileContent(value)
@@ -147,6 +150,6 @@ def decode_data_file(encoded: dict[str, Any]) -> DataFile:
             values[field.name] = decode_partition(value)
         else:
             values[field.name] = _decode(value, field.field_type)
-    data_file = DataFile.from_args(**values)
+    data_file = DataFile(*(values[f.name] for f in struct.fields))
     data_file.spec_id = encoded["spec_id"]
     return data_file

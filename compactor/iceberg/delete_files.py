@@ -1,14 +1,17 @@
-"""Write and commit delete files (position and equality), which pyiceberg 0.12 cannot.
+"""Write and commit delete files (position, equality, deletion vectors): pyiceberg 0.12 cannot.
 
 For benchmarks that build CDC-like tables and for tests; compaction itself never adds a delete.
-Files are Parquet with the spec's field ids and column metrics; a commit adds one delete
-manifest per partition spec in a new snapshot on main, validated like pyiceberg's own writes.
+Files are Parquet with the spec's field ids and column metrics, or Puffin files of
+``deletion-vector-v1`` blobs (format v3); a commit adds one delete manifest per partition spec
+in a new snapshot on main, validated like pyiceberg's own writes.
 """
 
 from __future__ import annotations
 
+import json
 import uuid
-from collections.abc import Sequence
+import zlib
+from collections.abc import Iterable, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -26,7 +29,6 @@ from pyiceberg.manifest import (
     ManifestEntry,
     ManifestEntryStatus,
     ManifestFile,
-    write_manifest_list,
 )
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
@@ -46,9 +48,14 @@ from pyiceberg.table.update import (
 )
 from pyiceberg.typedef import Record
 from pyiceberg.types import LongType, NestedField, StringType
+from pyroaring import BitMap
 
 from compactor.errors import UnsupportedTableError
-from compactor.iceberg.pyiceberg_compat import manifest_writer
+from compactor.iceberg.pyiceberg_compat import (
+    manifest_writer,
+    snapshot_manifests,
+    write_manifest_list,
+)
 
 POSITION_DELETE_SCHEMA = Schema(
     NestedField(2147483546, "file_path", StringType(), required=True),
@@ -142,19 +149,98 @@ def write_position_delete_file(
     return delete_file
 
 
+PUFFIN_MAGIC = b"PFA1"
+DV_MAGIC = bytes([0xD1, 0xD3, 0x39, 0x64])
+# The reserved field id of the row position (``_pos``) a deletion vector's blob names.
+ROW_POSITION_FIELD_ID = 2147483545
+
+
+def _deletion_vector_blob(positions: Iterable[int]) -> bytes:
+    """A ``deletion-vector-v1`` blob: the positions as a portable 64-bit roaring bitmap.
+
+    Framed as the spec says: length of magic and bitmap (4 bytes, big-endian), magic, the
+    bitmap (bitmap count, then each 32-bit bitmap after its key, little-endian), CRC-32 of
+    magic and bitmap (big-endian).
+    """
+    by_key: dict[int, BitMap] = {}
+    for position in positions:
+        by_key.setdefault(position >> 32, BitMap()).add(position & 0xFFFFFFFF)
+    bitmap = len(by_key).to_bytes(8, "little") + b"".join(
+        key.to_bytes(4, "little") + by_key[key].serialize() for key in sorted(by_key)
+    )
+    body = DV_MAGIC + bitmap
+    return len(body).to_bytes(4, "big") + body + zlib.crc32(body).to_bytes(4, "big")
+
+
+def write_deletion_vectors(
+    table: Table, positions: dict[DataFile, Iterable[int]]
+) -> list[DataFile]:
+    """One Puffin file holding a deletion vector for each data file of ``positions`` (format v3).
+
+    Returns one delete file entry per DV (they share the Puffin file's path, each with its
+    blob's ``content_offset`` and ``content_size_in_bytes``), in ``positions``' order. A data
+    file may have one DV at most: committing one for a file that has a DV needs the old one
+    removed in the same commit, which :func:`commit_delete_files` does not do.
+    """
+    path = table.location_provider().new_data_location(f"dv-{uuid.uuid4().hex}.puffin")
+    body, blobs, entries = bytearray(PUFFIN_MAGIC), [], []
+    for data_file, deleted in positions.items():
+        unique = sorted(set(deleted))
+        blob = _deletion_vector_blob(unique)
+        offset = len(body)
+        body += blob
+        blobs.append(
+            {
+                "type": "deletion-vector-v1",
+                "fields": [ROW_POSITION_FIELD_ID],
+                "snapshot-id": -1,
+                "sequence-number": -1,
+                "offset": offset,
+                "length": len(blob),
+                "properties": {
+                    "referenced-data-file": data_file.file_path,
+                    "cardinality": str(len(unique)),
+                },
+            }
+        )
+        entries.append((data_file, offset, len(blob), len(unique)))
+    footer = json.dumps({"blobs": blobs, "properties": {"created-by": "compactor"}}).encode()
+    body += PUFFIN_MAGIC + footer + len(footer).to_bytes(4, "little") + bytes(4) + PUFFIN_MAGIC
+    with table.io.new_output(path).create(overwrite=False) as stream:
+        stream.write(bytes(body))
+    delete_files = []
+    for data_file, offset, length, cardinality in entries:
+        dv = DataFile.from_args(
+            _table_format_version=3,
+            content=DataFileContent.POSITION_DELETES,
+            file_path=path,
+            file_format=FileFormat.PUFFIN,
+            partition=data_file.partition,
+            record_count=cardinality,
+            file_size_in_bytes=len(body),
+            referenced_data_file=data_file.file_path,
+            content_offset=offset,
+            content_size_in_bytes=length,
+        )
+        dv.spec_id = data_file.spec_id
+        delete_files.append(dv)
+    return delete_files
+
+
 def commit_delete_files(
     table: Table, delete_files: Sequence[DataFile], operation: Operation = Operation.DELETE
 ) -> Table:
-    """Commit ``delete_files`` in a new snapshot on main (v2 tables); returns the refreshed table.
+    """Commit ``delete_files`` in a new snapshot on main (v2, v3); returns the refreshed table.
 
     Carries the head's manifests over, adds one delete manifest per spec, assigns the next
     sequence number, and commits with the same requirements pyiceberg's own writes use.
     """
     metadata = table.metadata
     head = table.current_snapshot()
-    if metadata.format_version != 2 or head is None:
+    if metadata.format_version < 2 or head is None:
         raise UnsupportedTableError(
-            f"table {table.name()}: delete files are committed to format-2 tables with a snapshot"
+            f"table {table.name()}: delete files are committed to format 2 or 3 tables with a "
+            "snapshot"
         )
     snapshot_id = metadata.new_snapshot_id()
     commit_uuid = uuid.uuid4()
@@ -170,7 +256,7 @@ def commit_delete_files(
         )
         with manifest_writer(
             ManifestContent.DELETES,
-            2,
+            metadata.format_version,
             metadata.specs()[spec_id],
             metadata.schema(),
             output,
@@ -200,7 +286,8 @@ def commit_delete_files(
         Summary(operation=operation, **collector.build()),
         previous_summary=head.summary.additional_properties if head.summary else None,
     )
-    return commit_manifests(table, snapshot_id, head.manifests(table.io) + new_manifests, summary)
+    carried = snapshot_manifests(table.io, head, metadata.format_version)
+    return commit_manifests(table, snapshot_id, carried + new_manifests, summary)
 
 
 def commit_manifests(
@@ -214,15 +301,15 @@ def commit_manifests(
     manifest_list = table.location_provider().new_metadata_location(
         f"snap-{snapshot_id}-0-{uuid.uuid4()}.avro"
     )
-    with write_manifest_list(
-        format_version=2,
-        output_file=table.io.new_output(manifest_list),
-        snapshot_id=snapshot_id,
-        parent_snapshot_id=head.snapshot_id,
-        sequence_number=sequence_number,
-        avro_compression="deflate",
-    ) as list_writer:
-        list_writer.add_manifests(manifests)
+    lineage = write_manifest_list(
+        metadata,
+        table.io.new_output(manifest_list),
+        snapshot_id,
+        head.snapshot_id,
+        sequence_number,
+        "deflate",
+        manifests,
+    )
     snapshot = Snapshot(
         snapshot_id=snapshot_id,
         parent_snapshot_id=head.snapshot_id,
@@ -230,6 +317,7 @@ def commit_manifests(
         manifest_list=manifest_list,
         summary=summary,
         schema_id=metadata.current_schema_id,
+        **lineage,
     )
     table.catalog.commit_table(
         table,

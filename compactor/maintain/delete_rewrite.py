@@ -278,8 +278,9 @@ def rewrite_position_deletes(
     metadata = table.metadata
     if metadata.format_version > 2:
         raise UnsupportedTableError(
-            f"table {identifier}: format version {metadata.format_version} is not supported by "
-            "rewrite-deletes (deletion vectors); versions 1 and 2 are"
+            f"table {identifier}: format version {metadata.format_version} keeps position "
+            "deletes as deletion vectors (one per data file), which rewrite-deletes does not "
+            "merge; `compactor run` applies them and removes them with the files it rewrites"
         )
     target = _target_file_size(table, target_file_size)
     row_filter = parse_where(table, where)

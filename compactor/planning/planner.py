@@ -33,8 +33,16 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.transforms import VoidTransform
 from pyiceberg.typedef import Record
 
-from compactor.errors import UnsupportedTableError, UsageError, first_line
-from compactor.iceberg.pyiceberg_compat import DeleteFileIndex, FilePruner
+from compactor.errors import UsageError, first_line
+from compactor.iceberg.pyiceberg_compat import (
+    DeleteFileIndex,
+    FilePruner,
+    delete_file_key,
+    is_deletion_vector,
+    manifest_entries,
+    referenced_data_file,
+    snapshot_manifests,
+)
 from compactor.options import RewriteOptions
 
 MANIFEST_READERS = 8
@@ -44,11 +52,16 @@ DELETE_FILE_PATH_ID = 2147483546
 
 @dataclass(frozen=True)
 class TaskInput:
-    """One input data file, its data sequence number and the position deletes that apply to it."""
+    """One input data file, its sequence numbers and the delete files that apply to it.
+
+    ``file_sequence_number`` is what a v3 row without a ``_last_updated_sequence_number``
+    inherits (as Iceberg Java reads it).
+    """
 
     data_file: DataFile
     data_sequence_number: int
     delete_files: tuple[DataFile, ...] = ()
+    file_sequence_number: int | None = None
 
     @property
     def path(self) -> str:
@@ -87,8 +100,9 @@ class FileGroup:
         return sum(f.data_file.record_count for f in self.files)
 
     @property
-    def delete_files(self) -> set[DataFile]:
-        return {d for f in self.files for d in f.delete_files}
+    def delete_files(self) -> dict[str, DataFile]:
+        """The delete files of the group's inputs, by :func:`delete_file_key`."""
+        return {delete_file_key(d): d for f in self.files for d in f.delete_files}
 
     @property
     def expected_output_files(self) -> int:
@@ -119,7 +133,8 @@ class Plan:
     metadata: TableMetadata
     metadata_location: str
     groups: list[FileGroup] = field(default_factory=list)
-    # Position delete files touching planned inputs -> every live data file they apply to.
+    # Delete files touching planned inputs, by delete_file_key -> every live data file they
+    # apply to.
     delete_file_targets: dict[str, tuple[DataFile, frozenset[str]]] = field(default_factory=dict)
     # Data sequence number of every equality delete an input has, by path (tasks carry them).
     equality_delete_sequence_numbers: dict[str, int] = field(default_factory=dict)
@@ -175,15 +190,19 @@ class _ManifestScan:
     data: list[tuple[ManifestEntry, str]] = field(default_factory=list)
     live_entries: dict[str, int] = field(default_factory=dict)
     position_deletes: DeleteFileIndex = field(default_factory=DeleteFileIndex)
+    # Deletion vectors by the data file they name, with their data sequence numbers.
+    deletion_vectors: dict[str, list[tuple[int, DataFile]]] = field(
+        default_factory=lambda: defaultdict(list)
+    )
     equality_deletes: list[ManifestEntry] = field(default_factory=list)
     delete_files: list[DataFile] = field(default_factory=list)
 
 
 def _read_manifests(table: Table, manifests: Iterable[ManifestFile]) -> _ManifestScan:
-    io = table.io
+    io, version = table.io, table.metadata.format_version
 
     def read(manifest: ManifestFile) -> tuple[ManifestFile, list[ManifestEntry]]:
-        return manifest, manifest.fetch_manifest_entry(io, discard_deleted=True)
+        return manifest, manifest_entries(io, manifest, version)
 
     scan = _ManifestScan()
     with ThreadPoolExecutor(MANIFEST_READERS) as pool:
@@ -195,7 +214,11 @@ def _read_manifests(table: Table, manifests: Iterable[ManifestFile]) -> _Manifes
                     scan.data.append((entry, manifest.manifest_path))
                     continue
                 scan.delete_files.append(entry.data_file)
-                if content == DataFileContent.POSITION_DELETES:
+                if is_deletion_vector(entry.data_file):
+                    seq = entry.sequence_number or INITIAL_SEQUENCE_NUMBER
+                    target = referenced_data_file(entry.data_file) or ""
+                    scan.deletion_vectors[target].append((seq, entry.data_file))
+                elif content == DataFileContent.POSITION_DELETES:
                     scan.position_deletes.add_delete_file(
                         entry, partition_key=entry.data_file.partition
                     )
@@ -248,8 +271,9 @@ def _top_level_ids(schema: Schema) -> set[int]:
 def file_scoped_deleted_rows(data_file: DataFile, deletes: Iterable[DataFile]) -> int:
     """Rows of ``data_file`` its file-scoped position deletes remove (at most its record count).
 
-    As Java's planner: a position delete file whose ``file_path`` bounds are both this file's
-    path deletes only rows of this file, so its record count counts; others are not counted.
+    As Java's planner: a deletion vector, or a position delete file whose ``file_path`` bounds
+    are both this file's path, deletes only rows of this file, so its record count counts;
+    others are not counted.
     """
     path = data_file.file_path.encode()
     rows = 0
@@ -257,7 +281,9 @@ def file_scoped_deleted_rows(data_file: DataFile, deletes: Iterable[DataFile]) -
         if d.content != DataFileContent.POSITION_DELETES:
             continue
         lower, upper = (d.lower_bounds or {}), (d.upper_bounds or {})
-        if lower.get(DELETE_FILE_PATH_ID) == upper.get(DELETE_FILE_PATH_ID) == path:
+        if referenced_data_file(d) == data_file.file_path or (
+            lower.get(DELETE_FILE_PATH_ID) == upper.get(DELETE_FILE_PATH_ID) == path
+        ):
             rows += d.record_count
     return min(rows, data_file.record_count)
 
@@ -291,11 +317,6 @@ def _pack(files: list[InputFile], max_group_size: int) -> list[list[InputFile]]:
 def plan_rewrite(table: Table, identifier: str, options: RewriteOptions) -> Plan:
     """Plan the rewrite of ``table``'s current snapshot under ``options``."""
     metadata = table.metadata
-    if metadata.format_version > 2:
-        raise UnsupportedTableError(
-            f"table {identifier}: format version {metadata.format_version} is not supported yet "
-            "(row lineage must be preserved); versions 1 and 2 are"
-        )
     row_filter = parse_where(table, options.where)
     snapshot = table.current_snapshot()
     plan = Plan(
@@ -311,7 +332,7 @@ def plan_rewrite(table: Table, identifier: str, options: RewriteOptions) -> Plan
         return plan
 
     pruner = FilePruner(metadata, row_filter)
-    all_manifests = snapshot.manifests(table.io)
+    all_manifests = snapshot_manifests(table.io, snapshot, metadata.format_version)
     plan.start_manifests = frozenset(m.manifest_path for m in all_manifests)
     manifests = [m for m in all_manifests if pruner.manifest_may_match(m)]
     scan = _read_manifests(table, manifests)
@@ -326,25 +347,31 @@ def plan_rewrite(table: Table, identifier: str, options: RewriteOptions) -> Plan
     specs = metadata.specs()
     incomplete: set[str] = set()
     delete_targets: dict[str, set[str]] = defaultdict(set)
-    delete_by_path: dict[str, DataFile] = {}
+    delete_by_key: dict[str, DataFile] = {}
     for entry, manifest_path in scan.data:
         data_file = entry.data_file
         if not pruner.partition_may_match(data_file):
             continue
         seq = entry.sequence_number or INITIAL_SEQUENCE_NUMBER
-        deletes = sorted(
-            scan.position_deletes.for_data_file(seq, data_file, partition_key=data_file.partition),
-            key=lambda d: d.file_path,
-        )
+        positional = [
+            *scan.position_deletes.for_data_file(seq, data_file, partition_key=data_file.partition),
+            *(
+                dv
+                for dv_seq, dv in scan.deletion_vectors.get(data_file.file_path, [])
+                if dv_seq >= seq
+            ),
+        ]
+        deletes = sorted(positional, key=delete_file_key)
         equality = equality_deletes.for_data_file(entry)
         for delete_file in deletes + equality:
+            key = delete_file_key(delete_file)
             if delete_file.content == DataFileContent.POSITION_DELETES or (
                 global_targets_complete or not is_unpartitioned(specs[delete_file.spec_id])
             ):
-                delete_targets[delete_file.file_path].add(data_file.file_path)
-                delete_by_path[delete_file.file_path] = delete_file
+                delete_targets[key].add(data_file.file_path)
+                delete_by_key[key] = delete_file
             else:
-                incomplete.add(delete_file.file_path)
+                incomplete.add(key)
         deletes = deletes + equality
         plan.data_files_scanned += 1
         if not pruner.file_may_match(data_file):
@@ -357,7 +384,16 @@ def plan_rewrite(table: Table, identifier: str, options: RewriteOptions) -> Plan
             plan.skipped["equality_deletes_on_columns_no_longer_in_the_schema"] += 1
             continue
         key = (data_file.spec_id, data_file.partition)
-        candidates[key].append(InputFile(data_file, seq, tuple(deletes), manifest_path, entry))
+        candidates[key].append(
+            InputFile(
+                data_file,
+                seq,
+                tuple(deletes),
+                entry.file_sequence_number,
+                manifest_path=manifest_path,
+                entry=entry,
+            )
+        )
 
     schema = metadata.schema()
     groups: list[FileGroup] = []
@@ -382,13 +418,14 @@ def plan_rewrite(table: Table, identifier: str, options: RewriteOptions) -> Plan
     plan.equality_delete_sequence_numbers = equality_deletes.sequence_numbers
     if global_targets_complete:  # delete files that apply to nothing go with the next commit
         for delete_file in scan.delete_files:
-            if delete_file.file_path not in delete_targets:
-                delete_targets[delete_file.file_path] = set()
-                delete_by_path[delete_file.file_path] = delete_file
+            key = delete_file_key(delete_file)
+            if key not in delete_targets:
+                delete_targets[key] = set()
+                delete_by_key[key] = delete_file
     plan.delete_file_targets = {
-        path: (delete_by_path[path], frozenset(targets))
-        for path, targets in delete_targets.items()
-        if (targets & planned or not targets) and path not in incomplete
+        key: (delete_by_key[key], frozenset(targets))
+        for key, targets in delete_targets.items()
+        if (targets & planned or not targets) and key not in incomplete
     }
     return plan
 

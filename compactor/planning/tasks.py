@@ -27,10 +27,10 @@ from compactor.iceberg.codec import (
     parse_type,
     partition_types,
 )
-from compactor.iceberg.pyiceberg_compat import with_s3_retries
+from compactor.iceberg.pyiceberg_compat import delete_file_key, with_s3_retries
 from compactor.planning.planner import Plan, TaskInput
 
-JSON_VERSION = 2
+JSON_VERSION = 3
 
 
 def _types_to_json(types: PartitionTypes) -> dict[str, list[str]]:
@@ -81,8 +81,8 @@ class RewriteTask:
     @property
     def delete_files(self) -> list[DataFile]:
         """The delete files of all inputs, once each, by path."""
-        unique = {d.file_path: d for f in self.inputs for d in f.delete_files}
-        return [unique[path] for path in sorted(unique)]
+        unique = {delete_file_key(d): d for f in self.inputs for d in f.delete_files}
+        return [unique[key] for key in sorted(unique)]
 
     def to_json(self) -> str:
         """This task as one JSON document; :meth:`from_json` reads it back exactly."""
@@ -110,7 +110,8 @@ class RewriteTask:
                     {
                         "data_file": encode_data_file(f.data_file, types),
                         "data_sequence_number": f.data_sequence_number,
-                        "delete_files": sorted(d.file_path for d in f.delete_files),
+                        "file_sequence_number": f.file_sequence_number,
+                        "delete_files": sorted(map(delete_file_key, f.delete_files)),
                     }
                     for f in self.inputs
                 ],
@@ -122,12 +123,13 @@ class RewriteTask:
         """The task :meth:`to_json` wrote."""
         data = json.loads(text)
         _check_version(data, "task")
-        deletes = {d.file_path: d for d in map(decode_data_file, data["delete_files"])}
+        deletes = {delete_file_key(d): d for d in map(decode_data_file, data["delete_files"])}
         inputs = tuple(
             TaskInput(
                 decode_data_file(f["data_file"]),
                 f["data_sequence_number"],
-                tuple(deletes[path] for path in f["delete_files"]),
+                tuple(deletes[key] for key in f["delete_files"]),
+                f["file_sequence_number"],
             )
             for f in data["inputs"]
         )
@@ -198,7 +200,8 @@ def plan_tasks(plan: Plan, run_id: str, io_properties: Mapping[str, str]) -> lis
     tasks = []
     for group in plan.groups:
         inputs = tuple(
-            TaskInput(f.data_file, f.data_sequence_number, f.delete_files) for f in group.files
+            TaskInput(f.data_file, f.data_sequence_number, f.delete_files, f.file_sequence_number)
+            for f in group.files
         )
         spec_ids = {group.spec_id} | {d.spec_id for f in inputs for d in f.delete_files}
         tasks.append(

@@ -20,6 +20,7 @@ from compactor.iceberg.pyiceberg_compat import (
     PartitionPath,
     file_statistics,
     parquet_writer_kwargs,
+    read_schema,
     to_write_batch,
     write_schema,
 )
@@ -73,7 +74,7 @@ class RollingParquetWriter:
     _counter: int = 0
 
     def __post_init__(self) -> None:
-        self._read_schema: Schema = self.out.metadata.schema()
+        self._read_schema: Schema = read_schema(self.out.metadata)
         self._file_schema, self._arrow_schema = write_schema(self.out.metadata)
         self._properties = self.out.metadata.properties
         self._writer_kwargs = parquet_writer_kwargs(self._properties)

@@ -19,7 +19,11 @@ from pyiceberg.manifest import DataFile, DataFileContent
 from pyiceberg.table.metadata import TableMetadata
 
 from compactor.errors import CompactorError, DataFileError
-from compactor.iceberg.pyiceberg_compat import read_data_file, read_position_deletes
+from compactor.iceberg.pyiceberg_compat import (
+    delete_file_key,
+    read_data_file,
+    read_position_deletes,
+)
 from compactor.options import STREAM_FILE_THRESHOLD
 from compactor.rewrite.equality_deletes import EqualityDeleteApplier
 from compactor.rewrite.parquet_output import OutputSpec, RollingParquetWriter
@@ -52,23 +56,23 @@ def _position_deletes(f: TaskInput) -> list[DataFile]:
 def _positions_by_file(io: FileIO, inputs: Sequence[TaskInput]) -> dict[str, list[pa.ChunkedArray]]:
     """Deleted positions per input, from the delete files that apply to that input's entry.
 
-    A delete file lists positions by path, but applies only to data files whose sequence
+    A delete file (or deletion vector) lists positions by path, but applies only to data files whose sequence
     numbers the spec allows (e.g. not to a path removed and added again after the delete):
     each input takes positions only from its own ``delete_files``.
     """
     wanted = {f.path for f in inputs}
-    unique = {d.file_path: d for f in inputs for d in _position_deletes(f)}
+    unique = {delete_file_key(d): d for f in inputs for d in _position_deletes(f)}
     read: dict[str, dict[str, pa.ChunkedArray]] = {}
-    for _, delete_file in sorted(unique.items()):
+    for key, delete_file in sorted(unique.items()):
         try:
             by_file = read_position_deletes(io, delete_file)
         except Exception as exc:
-            raise DataFileError(f"delete file {delete_file.file_path}: {_describe(exc)}") from exc
-        read[delete_file.file_path] = {p: a for p, a in by_file.items() if p in wanted}
+            raise DataFileError(f"delete file {key}: {_describe(exc)}") from exc
+        read[key] = {p: a for p, a in by_file.items() if p in wanted}
     positions: dict[str, list[pa.ChunkedArray]] = {}
     for f in inputs:
-        for delete_file in sorted(_position_deletes(f), key=lambda d: d.file_path):
-            array = read[delete_file.file_path].get(f.path)
+        for key in sorted(map(delete_file_key, _position_deletes(f))):
+            array = read[key].get(f.path)
             if array is not None:
                 positions.setdefault(f.path, []).append(array)
     return positions
@@ -112,7 +116,13 @@ class _OrderedReader:
             drop = self._equality.filter_for(f)
             deleted = 0
             for batch in read_data_file(
-                self._io, self._metadata, f.data_file, self._positions.get(f.path)
+                self._io,
+                self._metadata,
+                f.data_file,
+                self._positions.get(f.path),
+                f.data_sequence_number
+                if f.file_sequence_number is None
+                else f.file_sequence_number,
             ):
                 if drop is not None:
                     rows = batch.num_rows

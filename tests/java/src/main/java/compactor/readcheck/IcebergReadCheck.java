@@ -38,6 +38,7 @@ import org.apache.iceberg.ManifestEntries;
 import org.apache.iceberg.ManifestFile;
 import org.apache.iceberg.ManifestFiles;
 import org.apache.iceberg.ManifestReader;
+import org.apache.iceberg.MetadataColumns;
 import org.apache.iceberg.PartitionSpec;
 import org.apache.iceberg.Schema;
 import org.apache.iceberg.Snapshot;
@@ -74,6 +75,15 @@ import org.apache.iceberg.types.Types;
  *
  * <p>Rows are printed in a canonical text form that tests/java_reader.py reproduces from pyarrow:
  * a JSON array of the top-level values; see {@link #canon}.
+ *
+ * <p>Row lineage (format v3): the current state and every snapshot read is read with the
+ * projection {@link MetadataColumns#schemaWithRowLineage} of its schema, so Iceberg's generic
+ * readers report each live row's {@code _row_id} and {@code _last_updated_sequence_number} as
+ * Java computes them: the file's value where not null, else inherited, the data file's
+ * first_row_id plus the row's position in the file, and the data file's <em>file</em> sequence
+ * number (what {@code PartitionUtil.constantsMap} hands the readers); both null, whatever the file
+ * holds, when the data file has no first_row_id. They are printed as "lineage", one [row id,
+ * sequence number] pair per entry of "rows", in the same order. Refs are read without lineage.
  */
 public final class IcebergReadCheck {
   private static final HexFormat HEX = HexFormat.of();
@@ -99,7 +109,8 @@ public final class IcebergReadCheck {
           selected.add(Long.parseLong(args[i]));
         }
       }
-      json = run(args[0], selected, Map.of()); // S3: the AWS SDK's default configuration
+      // S3: the AWS SDK's default configuration; lineage for format v3 tables.
+      json = run(args[0], selected, Map.of(), null);
     } catch (Throwable e) {
       System.err.print(failure(e));
       System.exit(1);
@@ -112,10 +123,11 @@ public final class IcebergReadCheck {
 
   /**
    * Serves reads until stdin closes: each request is one line of JSON, {@code
-   * {"metadata_location": "...", "snapshot_ids": null | [id, ...], "io": {name: value, ...}}}
-   * ("io": Iceberg Java FileIO properties for S3, optional), each answer one line, {@code
-   * {"ok": true, "result": <the document main prints>}} or {@code {"ok": false, "error": "<what
-   * main prints on stderr>"}}, credentials in it redacted. A failed read answers with its error
+   * {"metadata_location": "...", "snapshot_ids": null | [id, ...], "io": {name: value, ...},
+   * "lineage": null | true | false}} ("io": Iceberg Java FileIO properties for S3, optional;
+   * "lineage": read row lineage, optional, default (null) for format v3 tables only), each
+   * answer one line, {@code {"ok": true, "result": <the document main prints>}} or {@code {"ok":
+   * false, "error": "<what main prints on stderr>"}}, credentials in it redacted. A failed read answers with its error
    * and the server goes on. The protocol owns stdout: anything else printing there is sent to
    * stderr.
    */
@@ -146,8 +158,11 @@ public final class IcebergReadCheck {
               selected.add(id.asLong());
             }
           }
+          JsonNode lineage = request.get("lineage");
+          Boolean withLineage =
+              lineage == null || lineage.isNull() ? null : Boolean.valueOf(lineage.asBoolean());
           answer = "{\"ok\":true,\"result\":"
-              + run(request.get("metadata_location").asText(), selected, io) + "}";
+              + run(request.get("metadata_location").asText(), selected, io, withLineage) + "}";
         } catch (Throwable e) {
           StringBuilder error = new StringBuilder("{\"ok\":false,\"error\":");
           Json.quote(error, redact(failure(e), io));
@@ -236,9 +251,11 @@ public final class IcebergReadCheck {
   /**
    * Reads the table at {@code metadataLocation} through {@link #fileIO}: every manifest list and
    * manifest, and the rows of the current state and of the snapshots in {@code selected} (all
-   * when null) and the refs pointing at them.
+   * when null) and the refs pointing at them. {@code lineage}: whether the current state and the
+   * snapshots are read with their row lineage (null: when the table is format v3 or later).
    */
-  static String run(String metadataLocation, Set<Long> selected, Map<String, String> properties)
+  static String run(
+      String metadataLocation, Set<Long> selected, Map<String, String> properties, Boolean lineage)
       throws IOException {
     FileIO io = fileIO(metadataLocation, properties);
     Table table = new BaseTable(new StaticTableOperations(metadataLocation, io), "checked");
@@ -269,13 +286,23 @@ public final class IcebergReadCheck {
 
     // Then rows: the current state, every snapshot, every ref.
     Json out = new Json().begin('{');
-    out.key("format_version").raw(Integer.toString(formatVersion(table)));
+    int formatVersion = formatVersion(table);
+    boolean withLineage = lineage == null ? formatVersion >= 3 : lineage;
+    out.key("format_version").raw(Integer.toString(formatVersion));
     Snapshot current = table.currentSnapshot();
     out.key("current_snapshot_id")
         .raw(current == null ? "null" : Long.toString(current.snapshotId()));
+    if (formatVersion >= 3) {
+      out.key("next_row_id")
+          .raw(Long.toString(((BaseTable) table).operations().current().nextRowId()));
+    }
 
     out.key("current").begin('{');
-    readRows(out, table.schema(), "current table state", IcebergGenerics.read(table).build());
+    IcebergGenerics.ScanBuilder currentScan = IcebergGenerics.read(table);
+    if (withLineage) {
+      currentScan = currentScan.project(MetadataColumns.schemaWithRowLineage(table.schema()));
+    }
+    readRows(out, table.schema(), "current table state", currentScan.build(), withLineage);
     out.end('}');
 
     out.key("snapshots").begin('{');
@@ -289,12 +316,14 @@ public final class IcebergReadCheck {
       out.key("manifests").begin('[');
       listed.get(id).forEach(manifest -> out.string(manifest.path()));
       out.end(']');
+      out.key("sequence_number").raw(Long.toString(snapshot.sequenceNumber()));
       if (selected == null || selected.contains(id)) {
-        readRows(
-            out,
-            schemaOf(table, snapshot),
-            "snapshot " + id,
-            IcebergGenerics.read(table).useSnapshot(id).build());
+        Schema schema = schemaOf(table, snapshot);
+        IcebergGenerics.ScanBuilder scan = IcebergGenerics.read(table).useSnapshot(id);
+        if (withLineage) {
+          scan = scan.project(MetadataColumns.schemaWithRowLineage(schema));
+        }
+        readRows(out, schema, "snapshot " + id, scan.build(), withLineage);
       }
       out.end('}');
     }
@@ -313,7 +342,7 @@ public final class IcebergReadCheck {
           ref.getValue().isBranch()
               ? table.schema()
               : schemaOf(table, table.snapshot(ref.getValue().snapshotId()));
-      readRows(out, schema, "ref " + ref.getKey(), RefScans.read(table, ref.getKey()));
+      readRows(out, schema, "ref " + ref.getKey(), RefScans.read(table, ref.getKey()), false);
       out.end('}');
     }
     out.end('}');
@@ -337,19 +366,38 @@ public final class IcebergReadCheck {
     return ((BaseTable) table).operations().current().formatVersion();
   }
 
-  /** Writes "columns", "row_count" and "rows" for one read; {@code what} names it in errors. */
-  private static void readRows(Json out, Schema schema, String what, CloseableIterable<Record> rows)
+  /** The row lineage columns, matched by field id in the records of a lineage read. */
+  private static final Types.StructType LINEAGE =
+      Types.StructType.of(MetadataColumns.ROW_ID, MetadataColumns.LAST_UPDATED_SEQUENCE_NUMBER);
+
+  /**
+   * Writes "columns", "row_count" and "rows" for one read, and with {@code lineage} (the records
+   * carry the row lineage columns) "lineage": each row's [_row_id, _last_updated_sequence_number]
+   * (null when Java gives none), in the order of "rows". {@code what} names the read in errors.
+   */
+  private static void readRows(
+      Json out, Schema schema, String what, CloseableIterable<Record> rows, boolean lineage)
       throws IOException {
     List<String> canonical = new ArrayList<>();
+    List<String> lineages = lineage ? new ArrayList<>() : null;
     Types.StructType struct = schema.asStruct();
     Types.StructType positionsFor = null;
     int[] positions = null;
+    int[] lineagePositions = null;
     try (CloseableIterable<Record> records = rows) {
       for (Record record : records) {
         // Reads with deletes carry metadata columns (_pos) after the schema's: match by id.
         if (record.struct() != positionsFor) {
           positionsFor = record.struct();
           positions = positions(struct, positionsFor);
+          if (lineage) {
+            lineagePositions = positions(LINEAGE, positionsFor);
+          }
+        }
+        if (lineage) {
+          Object rowId = record.get(lineagePositions[0]);
+          Object sequence = record.get(lineagePositions[1]);
+          lineages.add("[" + rowId + "," + sequence + "]"); // Long or null
         }
         StringBuilder row = new StringBuilder("[");
         for (int i = 0; i < positions.length; i++) {
@@ -372,6 +420,11 @@ public final class IcebergReadCheck {
     out.key("rows").begin('[');
     canonical.forEach(out::string);
     out.end(']');
+    if (lineage) {
+      out.key("lineage").begin('[');
+      lineages.forEach(out::raw);
+      out.end(']');
+    }
   }
 
   /** Where each field of {@code schema} sits in a record of type {@code record}, by field id. */
