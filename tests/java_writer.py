@@ -51,6 +51,30 @@ string, amount double, qty int (nullable), day date``; values are random per ver
     ``note string`` is added; then a delete-only commit of 40 keys and 4 upsert commits (new rows
     have ``note``). The equality key stays ``id`` (field id 1); rows of the old files read
     ``note`` as null.
+``v2-to-v3``
+    Format v2, identity(region) over 3 regions, like ``merge-on-read``: 3 append commits of one
+    data file per region (60 rows each), a commit of partition-scoped position deletes (one file
+    per region, referencing several data files), then an UPDATE of keys of the first two appends
+    with file-scoped position deletes (one file per data file) and the new rows in new data
+    files. Then the table is upgraded to format v3 as Spark's ``ALTER TABLE ... SET TBLPROPERTIES
+    ('format-version' = '3')`` does (``updateProperties().set("format-version", "3")``: a new
+    metadata.json, no snapshot). Nothing written before carries ``first_row_id``, and
+    ``next-row-id`` starts at 0. Then 2 v3 commits: an append (40 rows per region), whose manifest
+    list assigns the old data manifests their ``first_row_id`` (Java numbers rows in manifest
+    list order: the new manifest first, then the old ones newest first, every row of an old live
+    data file whether deleted or not), and an UPDATE with deletion vectors (one Puffin file, as in
+    ``dv``; a third of its deleted rows re-added): DVs for a data file with a file-scoped v2
+    delete file (its positions are merged into the DV and the v2 file is removed, as
+    ``BaseDVFileWriter`` reports it rewritten), for one with partition-scoped v2 deletes only
+    (merged into the DV; the v2 file stays for its other data files: Java ignores position-delete
+    files for a data file that has a DV) and for data files without earlier deletes. The other
+    old data files keep their v2 deletes only, so both kinds apply in the current state.
+    7 snapshots; ~16 data files, 9 position-delete files (8 live), ~5 DVs.
+``v2-upgraded``
+    Like the first 5 commits of ``v2-to-v3`` (not the same rows for the same seed), then
+    upgraded to format v3 as the last operation: the current snapshot, its manifest list and
+    manifests are v2's, without ``first_row_id``, ``next-row-id`` is 0, and Java reads a null
+    ``_row_id`` and ``_last_updated_sequence_number`` for every row.
 """
 
 from __future__ import annotations
@@ -64,7 +88,15 @@ from pathlib import Path
 from java_reader import JVM_OPTIONS, ensure_reader
 
 WRITER_CLASS = "compactor.cdcwriter.CdcTableWriter"
-SCENARIOS = ("upsert", "merge-on-read", "dv", "void-spec", "schema-change")
+SCENARIOS = (
+    "upsert",
+    "merge-on-read",
+    "dv",
+    "void-spec",
+    "schema-change",
+    "v2-to-v3",
+    "v2-upgraded",
+)
 WRITE_TIMEOUT_S = 600
 
 

@@ -6,6 +6,7 @@ started again.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from collections import Counter
@@ -22,6 +23,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.manifest import DataFileContent, FileFormat, ManifestEntryStatus
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
+from pyiceberg.table.puffin import PuffinFile
 from pyiceberg.types import LongType, NestedField, StringType
 
 
@@ -224,6 +226,121 @@ def test_schema_change_deletes_rows_written_before_it(catalog: Catalog, written:
     expected = read_expected(written / "schema-change")
     assert any(row.endswith(",null]") for row in expected.by_key.values())
     assert any(not row.endswith(",null]") for row in expected.by_key.values())
+
+
+def _commit_of(row: str) -> int:
+    """The writer's commit index of a canonical row, from its name ``k<id>-c<commit>-...``."""
+    return int(json.loads(row)[2].split("-")[1].removeprefix("c"))
+
+
+def _referenced(entry: Any) -> set[str]:
+    """The data files a Parquet position-delete file deletes rows of."""
+    path = entry.data_file.file_path
+    return set(pq.ParquetFile(_local(path)).read().column("file_path").to_pylist())
+
+
+def _dv_targets(puffin_paths: set[str]) -> list[str]:
+    """The data file of every DV in those Puffin files (pyiceberg 0.12 reads no
+    referenced_data_file from manifests)."""
+    return [
+        blob.properties["referenced-data-file"]
+        for path in sorted(puffin_paths)
+        for blob in PuffinFile(_local(path).read_bytes()).footer.blobs
+    ]
+
+
+def test_v2_to_v3_mixes_v2_position_deletes_and_deletion_vectors(
+    catalog: Catalog, written: Path
+) -> None:
+    """After the upgrade, DVs merge the v2 deletes of their files; other files keep v2 deletes."""
+    table = _register(catalog, written, "v2-to-v3")
+    expected = read_expected(written / "v2-to-v3")
+    assert table.format_version == 3 and expected.format_version == 3
+    snapshots = table.metadata.snapshots
+    assert len(snapshots) == 7
+    upgraded = [s for s in snapshots if s.first_row_id is not None]
+    assert [s.sequence_number for s in upgraded] == [6, 7]
+    java = java_read(table, snapshot_ids=[])
+    assert java.format_version == 3
+    live = java.live_files()
+    assert live["position_deletes"] >= 3 and live["deletion_vectors"] >= 3, live
+    assert live["equality_deletes"] == 0
+    entries = _entries(table)
+    deletes = [e for e in entries if e.data_file.content == DataFileContent.POSITION_DELETES]
+    v2 = [e for e in deletes if e.data_file.file_format != FileFormat.PUFFIN]
+    dvs = [e for e in deletes if e.data_file.file_format == FileFormat.PUFFIN]
+    # Position-delete files only before the upgrade, DVs only after it.
+    assert max(e.sequence_number for e in v2) <= 5 and min(e.sequence_number for e in dvs) == 7
+    targets = _dv_targets({e.data_file.file_path for e in dvs})
+    with_dv = set(targets)
+    with_v2 = set().union(*(_referenced(e) for e in v2))
+    assert len(targets) == len(with_dv) == len(dvs)  # at most one DV per data file
+    assert with_v2 - with_dv  # data files whose v2 deletes still apply
+    assert with_v2 & with_dv  # a partition-scoped v2 file stays, ignored for files with a DV
+    assert with_dv - with_v2  # DVs of files without earlier deletes
+    # The DV commit merged v2 deletes and removed the file-scoped v2 file it merged.
+    assert expected.written["dvs_merging_position_deletes"] >= 2
+    assert expected.written["replaced_position_delete_files"] >= 1
+    removed = [
+        e
+        for e in _entries(table, live=False)
+        if e.status == ManifestEntryStatus.DELETED
+        and e.data_file.content == DataFileContent.POSITION_DELETES
+    ]
+    assert removed and all(e.data_file.file_format == FileFormat.PARQUET for e in removed)
+    assert all(len(_referenced(e)) == 1 for e in removed)
+
+
+def test_v2_to_v3_first_v3_snapshot_assigns_row_ids_to_old_rows(
+    catalog: Catalog, written: Path
+) -> None:
+    """Rows written before the upgrade get row ids from the first v3 manifest list."""
+    table = _register(catalog, written, "v2-to-v3")
+    expected = read_expected(written / "v2-to-v3")
+    first, second = [s for s in table.metadata.snapshots if s.first_row_id is not None]
+    # The first v3 snapshot numbers every row of its live data files (its own and the old ones,
+    # deleted or not) from 0, the next one goes on from there.
+    in_first = sum(
+        e.data_file.record_count
+        for e in _entries(table, first.snapshot_id)
+        if e.data_file.content == DataFileContent.DATA
+    )
+    assert first.first_row_id == 0 and first.added_rows == in_first
+    assert second.first_row_id == in_first
+    assert table.metadata.next_row_id == in_first + second.added_rows
+
+    java = java_read(table, snapshot_ids=[])
+    assert java.next_row_id == table.metadata.next_row_id
+    lineage = java.lineage()
+    assert Counter(row for row, _, _ in lineage.elements()) == expected.rows
+    ids = [row_id for _, row_id, _ in lineage.elements()]
+    assert None not in ids and len(set(ids)) == len(ids)
+    assert all(0 <= i < java.next_row_id for i in ids)
+    for row, row_id, sequence in lineage.elements():
+        commit = _commit_of(row)
+        # Inherited from the data file: its (file) sequence number, the commit's.
+        assert sequence == commit + 1, (row, sequence)
+        # Rows of the last commit are numbered after the first v3 snapshot's.
+        assert (row_id >= second.first_row_id) == (commit == 6), (row, row_id)
+    assert {_commit_of(row) for row in expected.by_key.values()} >= {0, 1, 2, 4, 5, 6}
+
+
+def test_v2_upgraded_has_no_row_lineage(catalog: Catalog, written: Path) -> None:
+    """Upgraded to v3 without a commit since: no first_row_id anywhere, null lineage."""
+    table = _register(catalog, written, "v2-upgraded")
+    expected = read_expected(written / "v2-upgraded")
+    assert table.format_version == 3 and expected.format_version == 3
+    assert len(table.metadata.snapshots) == 5
+    assert all(s.first_row_id is None for s in table.metadata.snapshots)
+    assert table.metadata.next_row_id == 0
+    # The upgrade wrote a metadata.json of its own, not a snapshot.
+    assert table.current_snapshot().sequence_number == table.metadata.last_sequence_number == 5
+    java = java_read(table, snapshot_ids=[])
+    assert java.format_version == 3 and java.next_row_id == 0
+    assert java.current.rows == expected.rows
+    assert java.lineage() == Counter({(row, None, None): n for row, n in expected.rows.items()})
+    live = java.live_files()
+    assert live["position_deletes"] >= 3 and live["deletion_vectors"] == 0, live
 
 
 def _old_snapshots(table: Table) -> list[Any]:

@@ -353,15 +353,16 @@ def plan_rewrite(table: Table, identifier: str, options: RewriteOptions) -> Plan
         if not pruner.partition_may_match(data_file):
             continue
         seq = entry.sequence_number or INITIAL_SEQUENCE_NUMBER
-        positional = [
-            *scan.position_deletes.for_data_file(seq, data_file, partition_key=data_file.partition),
-            *(
-                dv
-                for dv_seq, dv in scan.deletion_vectors.get(data_file.file_path, [])
-                if dv_seq >= seq
-            ),
-        ]
-        deletes = sorted(positional, key=delete_file_key)
+        dvs = [d for d_seq, d in scan.deletion_vectors.get(data_file.file_path, []) if d_seq >= seq]
+        legacy = scan.position_deletes.for_data_file(
+            seq, data_file, partition_key=data_file.partition
+        )
+        # A DV holds every deleted position of its file (writers merge older position deletes
+        # into it), so readers ignore position delete files there, as Iceberg Java does.
+        deletes = sorted(dvs or legacy, key=delete_file_key)
+        for delete_file in legacy if dvs else ():
+            delete_targets[delete_file_key(delete_file)].add(data_file.file_path)
+            delete_by_key[delete_file_key(delete_file)] = delete_file
         equality = equality_deletes.for_data_file(entry)
         for delete_file in deletes + equality:
             key = delete_file_key(delete_file)

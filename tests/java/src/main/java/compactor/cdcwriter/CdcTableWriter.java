@@ -11,12 +11,14 @@ import java.util.Collection;
 import java.util.Comparator;
 import java.util.HashMap;
 import java.util.LinkedHashMap;
+import java.util.LinkedHashSet;
 import java.util.List;
 import java.util.Map;
 import java.util.Random;
 import java.util.TreeMap;
 import java.util.TreeSet;
 import java.util.function.Function;
+import java.util.function.Predicate;
 import org.apache.iceberg.BaseTable;
 import org.apache.iceberg.DataFile;
 import org.apache.iceberg.DeleteFile;
@@ -33,6 +35,7 @@ import org.apache.iceberg.Table;
 import org.apache.iceberg.TableMetadata;
 import org.apache.iceberg.TableMetadataParser;
 import org.apache.iceberg.TableOperations;
+import org.apache.iceberg.TableProperties;
 import org.apache.iceberg.data.BaseDeleteLoader;
 import org.apache.iceberg.data.GenericFileWriterFactory;
 import org.apache.iceberg.data.GenericRecord;
@@ -52,6 +55,7 @@ import org.apache.iceberg.io.OutputFile;
 import org.apache.iceberg.io.OutputFileFactory;
 import org.apache.iceberg.io.PositionOutputStream;
 import org.apache.iceberg.types.Types;
+import org.apache.iceberg.util.ContentFileUtil;
 
 /**
  * Writes a small change-data-capture table with Apache Iceberg Java's own writers, for tests.
@@ -63,12 +67,13 @@ import org.apache.iceberg.types.Types;
  * IcebergReadCheck#canon}, go to expected.json; the final metadata.json location is printed.
  *
  * <p>Scenarios (see tests/java_writer.py for what each one holds): upsert, merge-on-read, dv,
- * void-spec, schema-change. Rows, keys, files, file names and snapshot ids depend only on the
- * seed; timestamps and the table uuid do not.
+ * void-spec, schema-change, v2-to-v3, v2-upgraded. Rows, keys, files, file names and snapshot ids
+ * depend only on the seed (and the scenario); timestamps and the table uuid do not.
  */
 public final class CdcTableWriter {
   static final List<String> SCENARIOS =
-      List.of("upsert", "merge-on-read", "dv", "void-spec", "schema-change");
+      List.of("upsert", "merge-on-read", "dv", "void-spec", "schema-change", "v2-to-v3",
+          "v2-upgraded");
   private static final String[] REGIONS = {"eu", "us", "apac", "latam"};
   private static final LocalDate DAY0 = LocalDate.of(2024, 1, 1);
 
@@ -92,8 +97,10 @@ public final class CdcTableWriter {
   /** Keys by position of every data file written. */
   private final Map<String, List<Long>> keysOf = new LinkedHashMap<>();
   private final Map<String, DataFile> dataFiles = new LinkedHashMap<>();
-  /** The current DV of each data file (dv). */
+  /** The current DV of each data file (dv, v2-to-v3). */
   private final Map<String, DeleteFile> dvOf = new HashMap<>();
+  /** The live position-delete files (format v2) referencing each data file, until it has a DV. */
+  private final Map<String, List<DeleteFile>> posDeletesOf = new TreeMap<>();
   private final Map<String, Integer> written = new TreeMap<>();
 
   private CdcTableWriter(String scenario, String location, long seed) {
@@ -147,6 +154,8 @@ public final class CdcTableWriter {
       case "dv" -> deletionVectors();
       case "void-spec" -> voidSpec();
       case "schema-change" -> schemaChange();
+      case "v2-to-v3" -> v2ToV3(true);
+      case "v2-upgraded" -> v2ToV3(false);
       default -> throw new IllegalArgumentException(scenario);
     }
   }
@@ -210,6 +219,55 @@ public final class CdcTableWriter {
           : List.of();
       dvCommit(victims, updated);
     }
+  }
+
+  /**
+   * A format v2 merge-on-read table (appends, then position deletes) upgraded to v3; with {@code
+   * commitAfter}, an append and a deletion-vector commit follow the upgrade, some DVs merging the
+   * v2 position deletes of their data file (file-scoped ones are removed, partition-scoped ones
+   * stay: a DV makes readers ignore them for its data file).
+   */
+  private void v2ToV3(boolean commitAfter) throws IOException {
+    Schema schema = baseSchema();
+    create(schema, PartitionSpec.builderFor(schema).identity("region").build(), 2);
+    int regions = 3;
+    for (int c = 0; c < 3; c++) {
+      appendCommit(newKeys(60 * regions), regions);
+    }
+    positionDeleteCommit(liveKeys(30 + rnd.nextInt(10)), List.of(), true);
+    // An UPDATE of keys of the first two appends: the third's files keep partition-scoped deletes.
+    List<Long> victims = pick(live.headMap(2L * 60 * regions).keySet(), 20 + rnd.nextInt(10));
+    positionDeleteCommit(victims, new ArrayList<>(victims.subList(0, victims.size() / 2)), false);
+    // As Spark's ALTER TABLE ... SET TBLPROPERTIES ('format-version' = '3') does.
+    table.updateProperties().set(TableProperties.FORMAT_VERSION, "3").commit();
+    if (ops.current().formatVersion() != 3) {
+      throw new IllegalStateException("not upgraded: v" + ops.current().formatVersion());
+    }
+    if (!commitAfter) {
+      return;
+    }
+    appendCommit(newKeys(40 * regions), regions);
+    // DVs for a data file with a file-scoped v2 delete file (merged into its DV and removed), one
+    // with partition-scoped v2 deletes only (merged; the delete file stays for its other data
+    // files) and data files without earlier deletes; other files keep only their v2 deletes.
+    LinkedHashSet<Long> targets = new LinkedHashSet<>();
+    for (boolean fileScoped : new boolean[] {true, false}) {
+      String path = posDeletesOf.entrySet().stream()
+          .filter(e -> e.getValue().stream().anyMatch(ContentFileUtil::isFileScoped) == fileScoped)
+          .map(Map.Entry::getKey)
+          .filter(fileOf::containsValue)
+          .findFirst()
+          .orElseThrow(() -> new IllegalStateException("no data file with v2 deletes"));
+      targets.addAll(pick(keysIn(k -> path.equals(fileOf.get(k))), 4));
+    }
+    targets.addAll(pick(keysIn(k -> !posDeletesOf.containsKey(fileOf.get(k))), 12));
+    List<Long> dvVictims = new ArrayList<>(targets);
+    dvCommit(dvVictims, new ArrayList<>(dvVictims.subList(0, dvVictims.size() / 3)));
+  }
+
+  /** The live keys {@code where} holds for, ascending. */
+  private List<Long> keysIn(Predicate<Long> where) {
+    return live.keySet().stream().filter(where).toList();
   }
 
   /** Partitioned upserts, then the partition field made void: later equality deletes global. */
@@ -451,14 +509,22 @@ public final class CdcTableWriter {
           }
         }
       }
-      delta.addDeletes(count(pw.toDeleteFile()));
+      DeleteFile file = count(pw.toDeleteFile());
+      for (String path : group.keySet()) {
+        posDeletesOf.computeIfAbsent(path, p -> new ArrayList<>()).add(file);
+      }
+      delta.addDeletes(file);
     }
     addUpdatedRows(delta, factory, files, updated);
     delta.commit();
     commit++;
   }
 
-  /** Deletes {@code victims} with deletion vectors: one Puffin file, a DV per data file. */
+  /**
+   * Deletes {@code victims} with deletion vectors: one Puffin file, a DV per data file. A DV
+   * merges the data file's earlier deletes, its DV or its v2 position-delete files (format
+   * upgraded from v2), and the commit removes those that apply to that file only.
+   */
   private void dvCommit(List<Long> victims, List<Long> updated) throws IOException {
     PartitionSpec spec = table.spec();
     OutputFileFactory files = fileFactory();
@@ -469,7 +535,15 @@ public final class CdcTableWriter {
     BaseDeleteLoader loader = new BaseDeleteLoader(f -> table.io().newInputFile(f.location()));
     Function<String, PositionDeleteIndex> previous = path -> {
       DeleteFile dv = dvOf.get(path);
-      return dv == null ? null : loader.loadPositionDeletes(List.of(dv), path);
+      if (dv != null) {
+        return loader.loadPositionDeletes(List.of(dv), path);
+      }
+      List<DeleteFile> v2 = posDeletesOf.get(path);
+      if (v2 == null) {
+        return null;
+      }
+      written.merge("dvs_merging_position_deletes", 1, Integer::sum);
+      return loader.loadPositionDeletes(v2, path);
     };
     BaseDVFileWriter writer = new BaseDVFileWriter(puffins, previous);
     try (BaseDVFileWriter w = writer) {
@@ -489,10 +563,12 @@ public final class CdcTableWriter {
     for (DeleteFile dv : result.deleteFiles()) {
       delta.addDeletes(count(dv));
       dvOf.put(dv.referencedDataFile(), dv);
+      posDeletesOf.remove(dv.referencedDataFile());
     }
     for (DeleteFile old : result.rewrittenDeleteFiles()) {
       delta.removeDeletes(old);
-      written.merge("replaced_dvs", 1, Integer::sum);
+      written.merge(old.format() == FileFormat.PUFFIN ? "replaced_dvs"
+          : "replaced_position_delete_files", 1, Integer::sum);
     }
     GenericFileWriterFactory factory = new GenericFileWriterFactory.Builder(table)
         .dataFileFormat(FileFormat.PARQUET).deleteFileFormat(FileFormat.PARQUET).build();
