@@ -23,6 +23,8 @@ from typing import Any
 
 import pytest
 from helpers import assert_same_rows, scan_rows, unreferenced_files
+from java_reader import JavaReader, java_read
+from java_writer import read_expected, write_cdc_table
 from prometheus_client.parser import text_string_to_metric_families
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.table.snapshots import Operation
@@ -377,3 +379,26 @@ def test_new_tables_matching_a_glob_are_picked_up_and_expired_without_restart(
     assert unreferenced_files(table) == []
     scanned = {t["table"] for t in setup.status()["tables"]}
     assert scanned == {"db.first", "db.second"}
+
+
+def test_rewrite_deletes_on_a_v3_table_is_skipped_and_its_compaction_runs(
+    setup: Setup, java_reader: JavaReader
+) -> None:
+    location = setup.root / "dv"
+    setup.catalog.register_table(("db", "dv"), write_cdc_table("dv", location, seed=2))
+    setup.job(
+        "cdc",
+        COMPACT_EVERY_SECOND.replace('"db.*"', '"db.dv"')
+        + 'target_file_size = "1MiB"\nallow_small_target = true\n\n'
+        + '[rewrite_deletes]\nevery = "1s"\n',
+    )
+    daemon = setup.start()
+    try:
+        skipped = daemon.run_finished("db.dv", action="rewrite_deletes")
+        daemon.run_finished("db.dv", committed=True)
+    finally:
+        assert daemon.terminate() == 0, "".join(daemon.lines)
+    assert skipped["outcome"] == "skipped", skipped
+    assert "deletion vectors" in skipped["error"]
+    table = setup.catalog.load_table("db.dv")
+    assert java_read(table, []).current.rows == read_expected(location).rows
