@@ -108,6 +108,7 @@ class RunResult:
             "added_bytes": sum(d.file_size_in_bytes for d in added),
             "records": sum(r.records_read for r in committed),
             "deleted_rows_applied": sum(r.rows_deleted for r in committed),
+            "bulk_read_files": sum(r.bulk_read_files for r in committed),
             "recovered_files": len(self.recovered_files),
             "stopped": self.stopped,
             "duration_s": round(self.duration_s, 3),

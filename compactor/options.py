@@ -108,6 +108,7 @@ class RewriteOptions:
     lease_ttl_s: float = DEFAULT_LEASE_TTL_S
     executor: str = DEFAULT_EXECUTOR
     ray_address: str | None = None
+    bulk_read: bool = True
 
     @property
     def partial_progress(self) -> bool:
@@ -247,6 +248,7 @@ class CompactOptions(BaseModel):
     max_commits: Annotated[int, _at_least(1)] = DEFAULT_MAX_COMMITS
     executor: Literal["threads", "ray"] = DEFAULT_EXECUTOR
     ray_address: str | None = None
+    bulk_read: bool = True
 
     @model_validator(mode="after")
     def _ray_address_needs_ray(self) -> CompactOptions:
@@ -336,4 +338,5 @@ def resolve_options(table: str, table_properties: dict[str, str], **options: Any
         max_commits=given.max_commits,
         executor=given.executor,
         ray_address=given.ray_address,
+        bulk_read=given.bulk_read,
     )

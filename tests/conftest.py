@@ -74,3 +74,16 @@ def ray_cluster() -> Iterator[RayCluster]:
 
     with start_cluster(workers=1) as cluster:
         yield cluster
+
+
+@pytest.fixture(params=["bulk", "iceberg"])
+def read_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run the test's compactions with bulk reading on (the default), then off.
+
+    Modules whose row tests must hold on both read paths use it with
+    ``pytestmark = pytest.mark.usefixtures("read_path")``.
+    """
+    import helpers
+
+    monkeypatch.setitem(helpers.DEFAULT_OPTIONS, "bulk_read", request.param == "bulk")
+    return str(request.param)

@@ -25,6 +25,9 @@ from pyiceberg.transforms import (
 )
 from pyiceberg.types import DoubleType, LongType, NestedField, StringType, TimestampType
 
+# Every row test here runs with bulk reading on and off.
+pytestmark = pytest.mark.usefixtures("read_path")
+
 SCHEMA = Schema(
     NestedField(1, "id", LongType(), required=True),
     NestedField(2, "ts", TimestampType(), required=False),

@@ -29,6 +29,9 @@ from pyiceberg.types import (
     StringType,
 )
 
+# Every row test here runs with bulk reading on and off.
+pytestmark = pytest.mark.usefixtures("read_path")
+
 FIELD_ID = b"PARQUET:field_id"
 
 

@@ -47,6 +47,9 @@ from pyiceberg.types import (
     UUIDType,
 )
 
+# Every row test here runs with bulk reading on and off.
+pytestmark = pytest.mark.usefixtures("read_path")
+
 SCHEMA = Schema(
     NestedField(1, "b", BooleanType()),
     NestedField(2, "i32", IntegerType()),

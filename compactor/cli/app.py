@@ -294,6 +294,14 @@ def run(
             "auto). Default: Ray's own (RAY_ADDRESS, else a local Ray)."
         ),
     ] = None,
+    bulk_read: Annotated[
+        bool,
+        typer.Option(
+            help="Read files that need none of Iceberg's read rules (no deletes, the current "
+            "schema's columns by id, name and type) many at once, in parallel. "
+            "--no-bulk-read reads every file through the Iceberg read path (slower; to diagnose)."
+        ),
+    ] = True,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the plan; write and commit nothing.")
     ] = False,
@@ -329,6 +337,7 @@ def run(
             max_commits=max_commits,
             executor=executor,
             ray_address=ray_address,
+            bulk_read=bulk_read,
         )
         bar = _Bar() if (not as_json and sys.stderr.isatty()) else None
         try:

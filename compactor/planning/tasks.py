@@ -73,6 +73,8 @@ class RewriteTask:
     inputs: tuple[TaskInput, ...]
     # The data sequence number of each equality delete of the inputs, by path.
     equality_delete_sequence_numbers: Mapping[str, int] = field(default_factory=dict)
+    # Read the inputs that need none of Iceberg's read rules in bulk (compactor.rewrite.bulk_read).
+    bulk_read: bool = True
 
     @property
     def input_bytes(self) -> int:
@@ -106,6 +108,7 @@ class RewriteTask:
                 "equality_delete_sequence_numbers": dict(
                     sorted(self.equality_delete_sequence_numbers.items())
                 ),
+                "bulk_read": self.bulk_read,
                 "inputs": [
                     {
                         "data_file": encode_data_file(f.data_file, types),
@@ -149,6 +152,7 @@ class RewriteTask:
             file_prefix=data["file_prefix"],
             inputs=inputs,
             equality_delete_sequence_numbers=data["equality_delete_sequence_numbers"],
+            bulk_read=data["bulk_read"],
         )
 
 
@@ -161,6 +165,7 @@ class TaskResult:
     records_read: int = 0
     rows_deleted: int = 0
     input_bytes: int = 0
+    bulk_read_files: int = 0  # inputs read in bulk, not through the Iceberg read path
     # The outputs' partition field types (their spec's), for the JSON form.
     partition_types: Mapping[int, tuple[IcebergType, ...]] = field(default_factory=dict)
 
@@ -174,6 +179,7 @@ class TaskResult:
                 "records_read": self.records_read,
                 "rows_deleted": self.rows_deleted,
                 "input_bytes": self.input_bytes,
+                "bulk_read_files": self.bulk_read_files,
                 "partition_types": _types_to_json(self.partition_types),
             }
         )
@@ -189,6 +195,7 @@ class TaskResult:
             records_read=data["records_read"],
             rows_deleted=data["rows_deleted"],
             input_bytes=data["input_bytes"],
+            bulk_read_files=data["bulk_read_files"],
             partition_types=_types_from_json(data["partition_types"]),
         )
 
@@ -228,6 +235,7 @@ def plan_tasks(plan: Plan, run_id: str, io_properties: Mapping[str, str]) -> lis
                     for d in f.delete_files
                     if d.content == DataFileContent.EQUALITY_DELETES
                 },
+                bulk_read=plan.options.bulk_read,
             )
         )
     return tasks

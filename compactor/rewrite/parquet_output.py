@@ -55,7 +55,8 @@ class _OpenFile:
 
 @dataclass
 class RollingParquetWriter:
-    """Accepts batches in the table's read schema; produces Iceberg DataFiles of ~target size.
+    """Accepts batches in the table's read schema (or already in :attr:`arrow_schema`);
+    produces Iceberg DataFiles of ~target size.
 
     Memory is bounded by one row group of buffered batches (``row_group_size`` bytes).
     Paths of every file created are kept in ``created`` so a failed group can remove them.
@@ -88,9 +89,10 @@ class RollingParquetWriter:
         """
         if batch.num_rows == 0:
             return
-        batch = to_write_batch(batch, self._read_schema, self._file_schema)
-        if batch.schema != self._arrow_schema:
-            batch = batch.cast(self._arrow_schema)
+        if not batch.schema.equals(self._arrow_schema, check_metadata=True):
+            batch = to_write_batch(batch, self._read_schema, self._file_schema)
+            if batch.schema != self._arrow_schema:
+                batch = batch.cast(self._arrow_schema)
         while batch.num_rows:
             budget = self._row_group_budget()
             room = budget - self._buffered_bytes
@@ -106,6 +108,11 @@ class RollingParquetWriter:
             self._buffered_bytes += head.nbytes
             self._flush_row_group()
             batch = batch.slice(rows)
+
+    @property
+    def arrow_schema(self) -> pa.Schema:
+        """The Arrow schema of the written files (field ids in the field metadata)."""
+        return self._arrow_schema
 
     def close(self) -> list[DataFile]:
         """Flush what is buffered and close the last file; returns every DataFile written."""

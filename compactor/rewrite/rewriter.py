@@ -25,6 +25,7 @@ from compactor.iceberg.pyiceberg_compat import (
     read_position_deletes,
 )
 from compactor.options import STREAM_FILE_THRESHOLD
+from compactor.rewrite.bulk_read import BulkRead
 from compactor.rewrite.equality_deletes import EqualityDeleteApplier
 from compactor.rewrite.parquet_output import OutputSpec, RollingParquetWriter
 from compactor.storage.deleter import delete_files
@@ -42,6 +43,7 @@ class Rewritten:
     data_files: list[DataFile] = field(default_factory=list)
     records_read: int = 0
     rows_deleted: int = 0
+    bulk_read_files: int = 0
 
 
 def _describe(exc: BaseException) -> str:
@@ -178,18 +180,34 @@ def rewrite_files(
     label: str,
     between_files: Callable[[], None],
     on_file_created: Callable[[str], None],
+    bulk_read: bool = True,
 ) -> Rewritten:
     """Rewrite ``inputs`` into new data files; on any failure remove what was written and raise.
 
     ``equality_sequence_numbers`` gives the data sequence number of each equality delete of the
     inputs. ``between_files`` runs after each input file (it raises to stop); ``on_file_created`` gets
     each output path before its file is created. Checks that every live input row was written:
-    rows read plus rows deleted by position deletes must equal each input file's record count.
-    ``label`` names the group in errors.
+    rows read plus rows deleted by position deletes must equal each input file's record count
+    (for files read in bulk, :mod:`compactor.rewrite.bulk_read`, their total). ``label`` names
+    the group in errors; ``bulk_read=False`` reads every file through the Iceberg read path.
     """
     writer = RollingParquetWriter(out, on_create=on_file_created)
     result = Rewritten()
     try:
+        bulk = BulkRead(out.io, out.metadata, inputs, writer.arrow_schema, enabled=bulk_read)
+        if bulk.files:
+            rows = 0
+            for batch in bulk.batches(between_files):
+                rows += batch.num_rows
+                writer.write(batch)
+            if rows != bulk.expected_records:
+                raise DataFileError(
+                    f"{label}: read {rows} rows from {len(bulk.files)} files, but the "
+                    f"manifests record {bulk.expected_records}"
+                )
+            result.records_read += rows
+            result.bulk_read_files = len(bulk.files)
+        inputs = bulk.rest
         positions = _positions_by_file(out.io, inputs)
         reader = _OrderedReader(
             out.io, out.metadata, inputs, positions, equality_sequence_numbers, read_ahead

@@ -114,6 +114,7 @@ def run_task(task: RewriteTask, cancel: CancelToken | None = None) -> TaskResult
         label=_label(task, metadata),
         between_files=check,
         on_file_created=intent.add,
+        bulk_read=task.bulk_read,
     )
     return TaskResult(
         task_id=task.task_id,
@@ -121,5 +122,6 @@ def run_task(task: RewriteTask, cancel: CancelToken | None = None) -> TaskResult
         records_read=rewritten.records_read,
         rows_deleted=rewritten.rows_deleted,
         input_bytes=task.input_bytes,
+        bulk_read_files=rewritten.bulk_read_files,
         partition_types={task.spec_id: tuple(task.partition_types[task.spec_id])},
     )

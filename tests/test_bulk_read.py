@@ -1,0 +1,114 @@
+"""Bulk reading: files that need none of Iceberg's read rules are read many at once.
+
+Reading a Parquet file by column name is only reading it by field id when names, ids and types
+agree with the current schema; everything else must go through the Iceberg read path. Each
+test here builds the case where reading by name would return wrong rows, and checks that the
+rows after compaction are exactly the rows before, read by pyiceberg and by Iceberg Java.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+from helpers import (
+    assert_same_rows,
+    commit_delete_files,
+    compact_and_verify,
+    live_data_files,
+    read_data_file,
+    scan_rows,
+    write_position_delete_file,
+)
+from java_reader import JavaReader, assert_java_reads_same
+from pyiceberg.catalog import Catalog
+from pyiceberg.schema import Schema
+from pyiceberg.table import Table
+from pyiceberg.types import IntegerType, LongType, NestedField, StringType
+
+from compactor.bench.sample import create_events_table
+
+SCHEMA = Schema(
+    NestedField(1, "id", LongType(), required=True),
+    NestedField(2, "v", IntegerType(), required=False),
+    NestedField(3, "s", StringType(), required=False),
+)
+
+
+def _rows(table: Table, start: int, count: int = 40) -> pa.Table:
+    """``count`` rows in ``table``'s current schema: id, s, and v under its current name/type."""
+    schema = table.schema().as_arrow()
+    values = {
+        "id": list(range(start, start + count)),
+        "s": [f"s{start + i}" for i in range(count)],
+    }
+    columns = [pa.array(values.get(f.name, [i % 7 for i in range(count)]), f.type) for f in schema]
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _table(catalog: Catalog, appends: int = 3) -> Table:
+    table = catalog.create_table("db.t", SCHEMA)
+    for n in range(appends):
+        table.append(_rows(table, n * 100))
+    return table
+
+
+def test_files_of_the_current_schema_without_deletes_are_read_in_bulk(
+    catalog: Catalog, java_reader: JavaReader
+) -> None:
+    create_events_table(catalog, "db.events", commits=4, rows_per_commit=480)
+
+    result, after, _ = compact_and_verify(catalog, "db.events")
+
+    summary = result.to_dict()
+    assert summary["bulk_read_files"] == summary["rewritten_files"] > 0
+
+
+def test_without_bulk_read_every_file_takes_the_iceberg_read_path(catalog: Catalog) -> None:
+    create_events_table(catalog, "db.events", commits=4, rows_per_commit=480)
+
+    result, _, _ = compact_and_verify(catalog, "db.events", bulk_read=False)
+
+    assert result.to_dict()["bulk_read_files"] == 0
+
+
+def test_files_with_deletes_take_the_iceberg_read_path(catalog: Catalog) -> None:
+    table = _table(catalog)
+    victim = sorted(live_data_files(table).values(), key=lambda f: f.file_path)[0]
+    ids = read_data_file(table, victim).column("id").to_pylist()
+    commit_delete_files(table, [write_position_delete_file(table, {victim: [0, 5, 9]})])
+
+    result, after, before = compact_and_verify(catalog, "db.t")
+
+    assert result.to_dict()["bulk_read_files"] == 2  # the two files without deletes
+    assert not {ids[0], ids[5], ids[9]} & set(scan_rows(after).column("id").to_pylist())
+
+
+@pytest.mark.parametrize(
+    "evolve",
+    [
+        # The old files hold a column named "v" under field id 2; the new "v" is id 4.
+        pytest.param(
+            lambda u: (u.delete_column("v"), u.add_column("v", IntegerType())), id="re-added"
+        ),
+        # The old files hold id 2 as "v"; the table calls it "w" now.
+        pytest.param(lambda u: u.rename_column("v", "w"), id="renamed"),
+        # The old files hold id 2 as int32; the table says long.
+        pytest.param(lambda u: u.update_column("v", LongType()), id="promoted"),
+    ],
+)
+def test_files_whose_columns_differ_from_the_schema_are_read_by_field_id(
+    catalog: Catalog, java_reader: JavaReader, evolve
+) -> None:
+    table = _table(catalog, appends=2)
+    with table.update_schema() as update:
+        evolve(update)
+    table = catalog.load_table("db.t")
+    table.append(_rows(table, 900))
+    table.append(_rows(table, 1000))
+    before = scan_rows(table)
+
+    result, after, _ = compact_and_verify(catalog, "db.t")
+
+    assert result.to_dict()["bulk_read_files"] == 2  # only the files of the current schema
+    assert_same_rows(before, scan_rows(after))
+    assert_java_reads_same(after)
