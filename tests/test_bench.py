@@ -1,4 +1,4 @@
-"""``compactor bench queries`` and ``compactor bench rewrite`` at tiny scale, end to end.
+"""``compactor bench queries``, ``bench rewrite`` and ``bench plan`` at tiny scale, end to end.
 
 The commands run as subprocesses (as users run them) at TPC-DS scale factor 0.01 with small
 files and a small target, so the whole module stays within seconds; the reports they write
@@ -13,18 +13,23 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import pyarrow.parquet as pq
 import pytest
 from pyiceberg.catalog import Catalog
+from pyiceberg.catalog.sql import SqlCatalog
 from test_cli import assert_one_error_line
 from test_cli import compactor as run_cli
 from typer.testing import CliRunner
 
 from compactor.bench import query_benchmark
 from compactor.bench.queries import same_results
+from compactor.bench.rewrite import WORKLOADS, rewrite_parameters, split_by_bytes
 from compactor.bench.tpcds import DEFAULT_QUERIES, NAMESPACE
+from compactor.bench.warehouse import CATALOG_FILE, CATALOG_NAME, WAREHOUSE_DIR
 from compactor.cli.app import app
 from compactor.compaction import RunResult
-from compactor.iceberg.duckdb_views import load_packaged_extension
+from compactor.errors import UsageError
+from compactor.iceberg.duckdb_views import duckdb_path, load_packaged_extension
 
 pytestmark = pytest.mark.slow  # left out by `make test-quick`
 
@@ -118,25 +123,66 @@ PHASE = {
     "cpu_seconds": float,
     "mb_per_s": float,
     "mb_per_s_per_core": float,
+    "files_per_s": float,
     "peak_rss_bytes": int,
     "baseline_rss_bytes": int,
+    "input_files": int,
+    "input_bytes": int,
     "output_files": int,
     "output_bytes": int,
     "output_file_sizes": list,
 }
+RATIOS = {
+    f"{measure}_vs_{floor}": float
+    for measure in ("time", "cpu", "peak_rss")
+    for floor in ("floor_1", "floor_2")
+}
 REWRITE_SCHEMA = {
     **COMMON,
     "input": {"table": str, "files": int, "bytes": int, "rows": int, "commits": int},
-    "floor": PHASE,
+    "floor_1": PHASE,
+    "floor_2": {**PHASE, "processes": int, "peak_rss_sum_bytes": int, "parts": [PHASE]},
     "compactor": {
         **PHASE,
-        "input_files": int,
         "groups": int,
         "parallelism": int,
+        "max_group_size": int,
         "records_written": int,
         "rows_deleted": int,
     },
+    "ratios": RATIOS,
     "fraction_of_floor": float,
+}
+PLAN_RUN = {
+    "seconds": float,
+    "load_table_seconds": float,
+    "plan_seconds": float,
+    "cpu_seconds": float,
+    "peak_rss_bytes": int,
+    "baseline_rss_bytes": int,
+    "manifests": int,
+    "manifests_read": int,
+    "data_files_scanned": int,
+    "files_planned": int,
+    "bytes_planned": int,
+    "groups": int,
+}
+PLAN_SCHEMA = {
+    **COMMON,
+    "table": {
+        "table": str,
+        "files": int,
+        "bytes": int,
+        "rows": int,
+        "commits": int,
+        "catalog_commits": int,
+        "rows_per_file": int,
+        "writer_processes": int,
+        "seconds": float,
+    },
+    "plan": PLAN_RUN,
+    "runs": [PLAN_RUN],
+    "plan_seconds": {"median": float, "min": float, "max": float, "mean": float},
 }
 
 
@@ -338,13 +384,13 @@ def test_rewrite_bench_reports_compactor_beside_the_pyarrow_floor(tmp_path: Path
     source = report["input"]
     assert source["bytes"] >= 3 * 10**6
     assert source["files"] == source["commits"] > 20
-    floor, compacted = report["floor"], report["compactor"]
+    floor, compacted = report["floor_1"], report["compactor"]
     assert compacted["input_files"] == source["files"]
     deletes = source["equality_deletes"]
     assert deletes["files"] == 10 and deletes["keys"] > 0
     assert compacted["records_written"] + compacted["rows_deleted"] == source["rows"]
     assert 0.1 < compacted["rows_deleted"] / source["rows"] < 0.3
-    for phase in (floor, compacted):
+    for phase in (floor, report["floor_2"], compacted):
         assert 0 < phase["output_files"] < source["files"]
         assert phase["output_bytes"] == sum(phase["output_file_sizes"])
         assert phase["peak_rss_bytes"] >= phase["baseline_rss_bytes"] > 0
@@ -352,7 +398,173 @@ def test_rewrite_bench_reports_compactor_beside_the_pyarrow_floor(tmp_path: Path
     assert report["fraction_of_floor"] == pytest.approx(
         compacted["mb_per_s"] / floor["mb_per_s"], abs=1e-3
     )
-    assert "of the floor" in (tmp_path / "report" / "report.md").read_text()
+    assert "the 1-process floor's time" in (tmp_path / "report" / "report.md").read_text()
+
+
+def test_rewrite_workload_presets_expand_and_explicit_flags_override_them() -> None:
+    large = rewrite_parameters(workload="large")
+    assert (large.scale_factor, large.files, large.commits) == (3.0, 3_000, 3_000)
+    assert (large.target_file_size, large.input_size, large.file_size) == ("512MB", None, None)
+    tiny = rewrite_parameters(workload="tiny")
+    assert (tiny.scale_factor, tiny.files, tiny.commits) == (0.3, 10_000, 200)
+    assert tiny.target_file_size == "512MB" and tiny.workload == "tiny"
+    assert set(WORKLOADS) == {"large", "tiny"}
+    # Flags win over the preset; --files alone keeps its files per commit.
+    small = rewrite_parameters(
+        workload="tiny",
+        scale_factor=0.01,
+        files=120,
+        target_file_size="4MB",
+        allow_small_target=True,
+        parallelism=3,
+        max_group_size="8MB",
+    )
+    assert (small.scale_factor, small.files, small.commits) == (0.01, 120, 3)
+    assert (small.target_file_size, small.parallelism, small.max_group_size) == ("4MB", 3, "8MB")
+    assert rewrite_parameters(workload="large", files=40).commits == 40
+    assert rewrite_parameters(workload="large", files=40, commits=4).commits == 4
+    # Without a workload: by size, as before; or --files alone, one file per commit.
+    default = rewrite_parameters()
+    assert (default.scale_factor, default.input_size, default.file_size) == (1.0, 10**9, 10**6)
+    assert (default.files, default.commits, default.target_file_size) == (None, None, "512MB")
+    assert (rewrite_parameters(files=30).files, rewrite_parameters(files=30).commits) == (30, 30)
+    for wrong, culprit in (
+        ({"workload": "huge"}, "--workload"),
+        ({"workload": "tiny", "input_size": "1GB"}, "--input-size"),
+        ({"files": 10, "file_size": "1MB"}, "--file-size"),
+        ({"files": 10, "commits": 20}, "commits"),
+        ({"workload": "large", "parallelism": 0}, "parallelism"),
+        ({"workload": "large", "max_group_size": "100MB"}, "max_group_size"),
+    ):
+        with pytest.raises(UsageError, match=culprit):
+            rewrite_parameters(**wrong)  # type: ignore[arg-type]
+
+
+def test_the_two_process_floor_splits_the_files_in_consecutive_halves_by_bytes() -> None:
+    files = [("a", 10), ("b", 10), ("c", 50), ("d", 10), ("e", 20)]
+
+    assert split_by_bytes(files, 2) == [files[:3], files[3:]]
+    assert split_by_bytes([("a", 1), ("b", 100)], 2) == [[("a", 1)], [("b", 100)]]
+    assert split_by_bytes([("a", 5)], 2) == [[("a", 5)]]
+
+
+def test_rewrite_bench_workload_reports_both_floors_and_compactor_against_each(
+    tmp_path: Path,
+) -> None:
+    _, report = bench(
+        tmp_path,
+        "rewrite",
+        "--workload",
+        "tiny",
+        "--scale-factor",
+        SCALE_FACTOR,
+        "--files",
+        "40",
+        "--commits",
+        "4",
+        "--target-file-size",
+        "1MB",
+        "--allow-small-target",
+        "--parallelism",
+        "1",
+    )
+
+    assert_schema(report, REWRITE_SCHEMA)
+    parameters = report["parameters"]
+    assert (parameters["workload"], parameters["files"], parameters["commits"]) == ("tiny", 40, 4)
+    assert parameters["input_size"] is None and parameters["parallelism"] == 1
+    source = report["input"]
+    assert (source["files"], source["commits"]) == (40, 4)
+    assert source["rows"] == source["rows_generated"] > 40
+    floor_1, floor_2, compacted = report["floor_1"], report["floor_2"], report["compactor"]
+    for phase in (floor_1, floor_2, compacted):
+        assert phase["input_files"] == 40
+        assert phase["input_bytes"] == source["bytes"]
+        assert phase["files_per_s"] == pytest.approx(40 / phase["seconds"], rel=0.01)
+    # Two processes at once, each on a half of the files: the pair's wall time, their CPU.
+    halves = floor_2["parts"]
+    assert floor_2["processes"] == len(halves) == 2
+    assert [h["input_files"] for h in halves] == [20, 20]
+    assert floor_2["seconds"] >= max(h["seconds"] for h in halves)
+    assert floor_2["cpu_seconds"] == pytest.approx(sum(h["cpu_seconds"] for h in halves))
+    assert floor_2["peak_rss_bytes"] == max(h["peak_rss_bytes"] for h in halves)
+    assert floor_2["output_bytes"] == sum(h["output_bytes"] for h in halves)
+    assert compacted["parallelism"] == 1 and compacted["groups"] == 1
+    assert compacted["records_written"] == source["rows"]
+    ratios = report["ratios"]
+    assert ratios["time_vs_floor_1"] == pytest.approx(
+        compacted["seconds"] / floor_1["seconds"], abs=1e-3
+    )
+    assert ratios["time_vs_floor_2"] == pytest.approx(
+        compacted["seconds"] / floor_2["seconds"], abs=1e-3
+    )
+    markdown = (tmp_path / "report" / "report.md").read_text()
+    assert f"{ratios['time_vs_floor_1']:.2f}x the 1-process floor's time" in markdown
+    for row in ("| raw pyarrow, 1 process |", "| raw pyarrow, 2 processes |", "| compactor"):
+        assert row in markdown
+
+
+def test_bad_rewrite_options_are_one_error_line_with_exit_code_2(tmp_path: Path) -> None:
+    for args, culprit in (
+        (("--workload", "tiny", "--file-size", "1MB"), "--file-size"),
+        (("--parallelism", "0"), "--parallelism"),
+    ):
+        assert_one_error_line(run_cli(tmp_path, "bench", "rewrite", *args), 2, culprit)
+
+
+# --- bench plan ------------------------------------------------------------------------------
+
+
+def test_plan_bench_plans_every_file_it_loaded(tmp_path: Path) -> None:
+    workdir = tmp_path / "work"
+    _, report = bench(
+        tmp_path,
+        "plan",
+        "--files",
+        "200",
+        "--commits",
+        "20",
+        "--repetitions",
+        "2",
+        "--workdir",
+        str(workdir),
+    )
+
+    assert_schema(report, PLAN_SCHEMA)
+    table = report["table"]
+    assert (table["files"], table["commits"], table["rows"]) == (200, 20, 200 * 10)
+    assert len(report["runs"]) == 2
+    for run in report["runs"]:
+        assert run["files_planned"] == run["data_files_scanned"] == 200
+        assert run["manifests_read"] == run["manifests"] == 20
+        assert run["bytes_planned"] == table["bytes"]
+        assert run["plan_seconds"] > 0 and run["peak_rss_bytes"] > 0
+    assert report["plan"]["plan_seconds"] == report["plan_seconds"]["median"]
+    assert "**Planning 200 files from 20 manifests" in (tmp_path / "report/report.md").read_text()
+    # Every file is a real Parquet file of its own, with the table's field ids.
+    catalog = SqlCatalog(
+        CATALOG_NAME,
+        uri=f"sqlite:///{workdir / CATALOG_FILE}",
+        warehouse=(workdir / WAREHOUSE_DIR).as_uri(),
+    )
+    iceberg_table = catalog.load_table(f"{NAMESPACE}.store_sales")
+    assert len(iceberg_table.metadata.snapshots) == 20
+    tasks = list(iceberg_table.scan().plan_files())
+    paths = {duckdb_path(t.file.file_path) for t in tasks}
+    assert len(paths) == 200
+    field_ids = {f.field_id for f in iceberg_table.schema().fields}
+    for path in sorted(paths)[:: 200 // 5]:
+        schema = pq.read_schema(path)
+        assert {int(f.metadata[b"PARQUET:field_id"]) for f in schema} == field_ids
+    assert iceberg_table.scan().to_arrow().num_rows == 200 * 10
+
+
+def test_bad_plan_options_are_one_error_line_with_exit_code_2(tmp_path: Path) -> None:
+    for args, culprit in (
+        (("--files", "10", "--commits", "20"), "--commits"),
+        (("--target-file-size", "1MB"), "--target-file-size"),
+    ):
+        assert_one_error_line(run_cli(tmp_path, "bench", "plan", *args), 2, culprit)
 
 
 def test_bench_help_explains_every_option(tmp_path: Path) -> None:
@@ -374,10 +586,27 @@ def test_bench_help_explains_every_option(tmp_path: Path) -> None:
         (
             "rewrite",
             (
+                "--workload",
                 "--input-size",
                 "--file-size",
+                "--files",
+                "--commits",
                 "--target-file-size",
+                "--parallelism",
+                "--max-group-size",
                 "--equality-deletes",
+                "--out",
+                "--json",
+            ),
+        ),
+        (
+            "plan",
+            (
+                "--files",
+                "--commits",
+                "--rows-per-file",
+                "--repetitions",
+                "--target-file-size",
                 "--out",
                 "--json",
             ),

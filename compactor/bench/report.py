@@ -2,14 +2,16 @@
 
 report.json, ``schema_version`` 1; every benchmark has:
 
-- ``schema_version`` (int), ``benchmark`` ("queries" or "rewrite"), ``created_at`` (ISO 8601)
+- ``schema_version`` (int), ``benchmark`` ("queries", "rewrite" or "plan"), ``created_at``
+  (ISO 8601)
 - ``command`` (list of str): the command line
 - ``machine``: ``cpu_count``, ``cpu_model``, ``memory_bytes``, ``platform``, ``python``,
   ``versions`` (``compactor``, ``pyiceberg``, ``pyarrow``, ``duckdb``)
 - ``parameters``: the options, sizes in bytes
 
 ``queries`` adds ``generation``, ``load``, ``queries``, ``totals``, ``compaction``,
-``s3_requests``; ``rewrite`` adds ``input``, ``floor``, ``compactor``, ``fraction_of_floor``.
+``s3_requests``; ``rewrite`` adds ``input``, ``floor_1``, ``floor_2``, ``compactor``, ``ratios``,
+``fraction_of_floor``; ``plan`` adds ``table``, ``plan``, ``runs``, ``plan_seconds``.
 docs/benchmarks.md describes each field.
 """
 
@@ -152,33 +154,117 @@ def queries_markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _times(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}x"
+
+
+def _count(number: int, noun: str, plural: str | None = None) -> str:
+    """``3,000 files``, ``1 commit``."""
+    return f"{number:,} {noun if number == 1 else plural or noun + 's'}"
+
+
 def rewrite_markdown(report: dict[str, Any]) -> str:
     """report.md of ``bench rewrite``."""
-    inp, floor, comp = report["input"], report["floor"], report["compactor"]
-    header = ["", "seconds", "MB/s", "MB/s per core", "CPU busy", "peak RSS (MB)", "output files"]
+    p, inp, comp, ratios = (
+        report["parameters"],
+        report["input"],
+        report["compactor"],
+        report["ratios"],
+    )
+    floor_1, floor_2 = report["floor_1"], report["floor_2"]
+    header = ["", "seconds", "MB/s", "files/s", "CPU s", "CPU busy", "peak RSS (MB)"]
+    header += ["output files", "compactor's time ÷ this"]
+    phases = (
+        ("raw pyarrow, 1 process", floor_1, ratios["time_vs_floor_1"]),
+        (f"raw pyarrow, {floor_2['processes']} processes", floor_2, ratios["time_vs_floor_2"]),
+        (f"compactor (parallelism {comp['parallelism']})", comp, 1.0),
+    )
     rows = [
         [
             name,
             _num(r["seconds"], 2),
             _num(r["mb_per_s"], 1),
-            _num(r["mb_per_s_per_core"], 1),
+            _num(r["files_per_s"], 1),
+            _num(r["cpu_seconds"], 1),
             _num(r["cpu_seconds"] / r["seconds"] if r["seconds"] else None, 2, " cores"),
             _mb(r["peak_rss_bytes"]),
             f"{r['output_files']} (avg {_mb(r['output_bytes'] / max(r['output_files'], 1))} MB)",
+            _times(ratio),
         ]
-        for name, r in (("raw pyarrow floor", floor), ("compactor", comp))
+        for name, r, ratio in phases
     ]
+    workload = f"workload `{p['workload']}`: " if p.get("workload") else ""
+    groups = comp["groups"]
     lines = [
         "# Rewrite throughput: compactor against a raw pyarrow floor",
         "",
         *_machine_lines(report),
-        f"Input: `{inp['table']}`, {inp['files']:,} files, {_mb(inp['bytes'])} MB, "
-        f"{inp['rows']:,} rows, target {report['parameters']['target_file_size']}.",
+        f"Input ({workload}TPC-DS scale factor {p['scale_factor']}): `{inp['table']}`, "
+        f"{_count(inp['files'], 'file')}, {_mb(inp['bytes'])} MB, {inp['rows']:,} rows in "
+        f"{_count(inp['commits'], 'commit')}; target {p['target_file_size']}.",
         "",
         *_table(header, rows),
-        f"compactor runs at **{report['fraction_of_floor']:.0%}** of the floor. Each phase runs "
-        "in a fresh process; peak RSS is that process's high-water mark (baseline after imports: "
-        f"floor {_mb(floor['baseline_rss_bytes'])} MB, compactor {_mb(comp['baseline_rss_bytes'])} MB).",
+        f"compactor takes **{_times(ratios['time_vs_floor_1'])} the 1-process floor's time** and "
+        f"**{_times(ratios['time_vs_floor_2'])} the {floor_2['processes']}-process floor's**, "
+        f"with {_times(ratios['cpu_vs_floor_1'])} its CPU and "
+        f"{_times(ratios['peak_rss_vs_floor_1'])} its peak RSS (1-process floor); it rewrote "
+        f"{_count(groups, 'group')}, at most {comp['parallelism']} at once.",
+        "",
+        "Each phase runs in fresh processes, one phase after the other; peak RSS is a process's "
+        f"high-water mark (baseline after imports: floor {_mb(floor_1['baseline_rss_bytes'])} "
+        f"MB, compactor {_mb(comp['baseline_rss_bytes'])} MB). The "
+        f"{floor_2['processes']}-process floor reads the files in {floor_2['processes']} halves "
+        "of about equal bytes, each in its own process, both at once: its seconds are the "
+        "pair's wall time, its CPU their sum, its peak RSS the larger one (together "
+        f"{_mb(floor_2['peak_rss_sum_bytes'])} MB).",
+    ]
+    if comp["parallelism"] and groups < comp["parallelism"]:
+        lines += [
+            "",
+            f"Note: {_count(groups, 'group')} for parallelism "
+            f"{comp['parallelism']}: groups are what run at once (see --max-group-size).",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def plan_markdown(report: dict[str, Any]) -> str:
+    """report.md of ``bench plan``."""
+    p, table, median = report["parameters"], report["table"], report["plan"]
+    header = ["run", "load table (s)", "plan (s)", "CPU s", "peak RSS (MB)"]
+    header += ["manifests read", "files planned", "groups"]
+    rows = [
+        [
+            str(number),
+            _num(r["load_table_seconds"], 3),
+            _num(r["plan_seconds"], 3),
+            _num(r["cpu_seconds"], 2),
+            _mb(r["peak_rss_bytes"]),
+            f"{r['manifests_read']:,} of {r['manifests']:,}",
+            f"{r['files_planned']:,}",
+            f"{r['groups']:,}",
+        ]
+        for number, r in enumerate(report["runs"], start=1)
+    ]
+    lines = [
+        "# Planning a table of many small files",
+        "",
+        *_machine_lines(report),
+        f"Table: `{table['table']}`, {table['files']:,} files of {table['rows_per_file']} rows "
+        f"({_mb(table['bytes'])} MB, {table['rows']:,} rows) over "
+        f"{_count(table['commits'], 'commit')} (one manifest each); built in "
+        f"{table['seconds']:.1f}s by {_count(table['writer_processes'], 'writer process', 'writer processes')}, "
+        f"the snapshots sent to the catalog in {_count(table['catalog_commits'], 'commit')}. "
+        f"Target {p['target_file_size']}.",
+        "",
+        *_table(header, rows),
+        f"**Planning {median['files_planned']:,} files from {median['manifests_read']:,} "
+        f"manifests takes {median['plan_seconds']:.2f}s** (median of "
+        f"{_count(len(report['runs']), 'run')}; min {report['plan_seconds']['min']:.2f}s, max "
+        f"{report['plan_seconds']['max']:.2f}s), peak RSS {_mb(median['peak_rss_bytes'])} MB.",
+        "",
+        "Each run is a fresh process: it loads the table from the catalog (the metadata file), "
+        "then runs `compactor.plan(table)` (the manifest list and every manifest read, "
+        "candidates picked, groups packed; nothing written).",
     ]
     return "\n".join(lines) + "\n"
 
@@ -229,6 +315,8 @@ def write_reports(report: dict[str, Any], out: Path) -> list[Path]:
         paths[1].write_text(queries_markdown(report))
         paths.append(out / "chart.png")
         queries_chart(report, paths[2])
+    elif report["benchmark"] == "plan":
+        paths[1].write_text(plan_markdown(report))
     else:
         paths[1].write_text(rewrite_markdown(report))
     return paths

@@ -1,14 +1,25 @@
 """``compactor bench rewrite``: compaction throughput against a raw pyarrow floor.
 
-The input is TPC-DS ``store_sales`` loaded as ~``--file-size`` files, one per commit, its rows
-appended over and over until the table holds ``--input-size`` bytes. Two phases then read the
-same files, each in a fresh process so its peak RSS is its own:
+The input is TPC-DS ``store_sales``, loaded in one of two ways:
 
-- the **floor**: plain pyarrow, no Iceberg. ``pyarrow.dataset`` reads the files (threaded) and
-  one ``ParquetWriter`` writes them into files rolling at the target size, with the table's
-  compression settings and row groups of at most ``write.parquet.row-group-size-bytes``;
+- by size (the default): ~``--file-size`` files, one per commit, its rows appended over and
+  over until the table holds ``--input-size`` bytes;
+- by count (``--workload`` or ``--files``): the generated rows once, cut into ``--files`` files
+  of equal rows in ``--commits`` commits (:func:`compactor.bench.tpcds.load_table_in_files`).
+
+Three phases then read the same files, one after the other, each in fresh processes so that
+peak RSS is the phase's own:
+
+- **floor, 1 process** (``floor_1``): plain pyarrow, no Iceberg. ``pyarrow.dataset`` reads the
+  files (threaded) and one ``ParquetWriter`` writes them into files rolling at the target size,
+  with the table's compression settings and row groups of at most
+  ``write.parquet.row-group-size-bytes``;
+- **floor, 2 processes** (``floor_2``): the same, the files split in two halves of about equal
+  bytes (consecutive in snapshot order), each half in its own process, both at once: its time
+  is the pair's wall time, its CPU the sum, its peak RSS the larger of the two;
 - **compactor**: ``compact()`` on the table, as ``compactor run`` would (plan, rewrite tasks on
-  the default executor through the Iceberg read path, commit).
+  the default executor through the Iceberg read path, commit), with ``--parallelism`` and
+  ``--max-group-size`` when given.
 
 With ``--equality-deletes F`` a fraction F of store_sales' keys (``ss_item_sk``,
 ``ss_ticket_number``; every copy of each) is deleted by equality deletes committed after the
@@ -18,11 +29,13 @@ data, as a CDC source leaves them: compactor applies them while rewriting (the f
 from __future__ import annotations
 
 import contextlib
+import math
 import multiprocessing
+import os
 import resource
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,13 +49,21 @@ from pyiceberg.table import Table
 from pyiceberg.typedef import Record
 
 from compactor.bench.progress import Steps
-from compactor.bench.tpcds import GENERATOR_FILE, NAMESPACE, generate, load_table
+from compactor.bench.tpcds import (
+    GENERATOR_FILE,
+    NAMESPACE,
+    LoadedTable,
+    generate,
+    load_table,
+    load_table_in_files,
+)
 from compactor.bench.warehouse import Warehouse
 from compactor.errors import UsageError
 from compactor.iceberg.delete_files import commit_delete_files, write_equality_delete_file
-from compactor.iceberg.duckdb_views import snapshot_files
+from compactor.iceberg.duckdb_views import duckdb_path
 from compactor.iceberg.pyiceberg_compat import parquet_writer_kwargs
 from compactor.options import resolve_options
+from compactor.sizes import parse_size
 
 MB = 10**6
 TABLE = "store_sales"
@@ -53,22 +74,160 @@ DELETE_COMMITS = 10
 FILL_RATIO = 0.97
 
 
+DEFAULT_SCALE_FACTOR = 1.0
+DEFAULT_INPUT_SIZE = "1GB"
+DEFAULT_FILE_SIZE = "1MB"
+DEFAULT_TARGET = "512MB"
+# The 2-process floor: how many processes, each reading its share of the files.
+FLOOR_PROCESSES = 2
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A named input shape: store_sales at a scale factor, once, as files x commits."""
+
+    description: str
+    scale_factor: float
+    files: int
+    commits: int
+    target_file_size: str = DEFAULT_TARGET
+
+    @property
+    def files_per_commit(self) -> float:
+        return self.files / self.commits
+
+
+WORKLOADS = {
+    "large": Workload(
+        "TPC-DS store_sales at scale factor 3, unpartitioned, in ~3,000 files, one per commit",
+        scale_factor=3.0,
+        files=3_000,
+        commits=3_000,
+    ),
+    "tiny": Workload(
+        "store_sales at scale factor 0.3 in 10,000 files of ~12 KB, 50 per commit over 200 commits",
+        scale_factor=0.3,
+        files=10_000,
+        commits=200,
+    ),
+}
+
+
 @dataclass(frozen=True)
 class RewriteParameters:
-    """What ``bench rewrite`` was asked to do."""
+    """What ``bench rewrite`` was asked to do (see :func:`rewrite_parameters`).
+
+    ``files`` set: the generated rows are loaded once as ``files`` files in ``commits`` commits
+    (``input_size`` and ``file_size`` are None); otherwise by size, as before.
+    """
 
     scale_factor: float
-    input_size: int
-    file_size: int
+    input_size: int | None
+    file_size: int | None
     target_file_size: str
     allow_small_target: bool
     equality_deletes: float = 0.0
+    workload: str | None = None
+    files: int | None = None
+    commits: int | None = None
+    parallelism: int | None = None
+    max_group_size: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dict(vars(self))
 
 
-class _Usage:
+def rewrite_parameters(
+    *,
+    workload: str | None = None,
+    scale_factor: float | None = None,
+    input_size: str | None = None,
+    file_size: str | None = None,
+    files: int | None = None,
+    commits: int | None = None,
+    target_file_size: str | None = None,
+    allow_small_target: bool = False,
+    equality_deletes: float = 0.0,
+    parallelism: int | None = None,
+    max_group_size: str | None = None,
+) -> RewriteParameters:
+    """``bench rewrite``'s options, a workload's preset filled in under the ones given.
+
+    A workload sets the scale factor, files, commits and target; ``--scale-factor``,
+    ``--files``, ``--commits`` and ``--target-file-size`` override them (``--files`` alone
+    keeps the workload's files per commit). ``--input-size`` and ``--file-size`` describe the
+    by-size load and are refused with a workload or ``--files``.
+    """
+    preset = None
+    if workload is not None:
+        preset = WORKLOADS.get(workload)
+        if preset is None:
+            raise UsageError(
+                f"--workload {workload!r}: must be one of {', '.join(WORKLOADS)}", "workload"
+            )
+    by_count = preset is not None or files is not None or commits is not None
+    if by_count and (input_size is not None or file_size is not None):
+        given = " and ".join(
+            f for f, v in (("--input-size", input_size), ("--file-size", file_size)) if v
+        )
+        reason = f"--workload {workload}" if preset else "--files/--commits"
+        raise UsageError(
+            f"{given}: not with {reason}, which loads the generated rows once as --files files "
+            "in --commits commits"
+        )
+    if by_count:
+        if files is None:
+            files = preset.files if preset else commits
+        if commits is None:
+            per_commit = preset.files_per_commit if preset else 1.0
+            commits = max(1, math.ceil(files / per_commit)) if files else 0
+        if not files or files < 1 or not 1 <= commits <= files:
+            raise UsageError(
+                f"--files {files} --commits {commits}: need 1 <= commits <= files",
+                "files",
+                "commits",
+            )
+    if scale_factor is None:
+        scale_factor = preset.scale_factor if preset else DEFAULT_SCALE_FACTOR
+    if scale_factor <= 0:
+        raise UsageError(f"--scale-factor: must be above 0, got {scale_factor}", "scale_factor")
+    if target_file_size is None:
+        target_file_size = preset.target_file_size if preset else DEFAULT_TARGET
+    size = input_bytes = None
+    if not by_count:
+        input_bytes = parse_size(input_size or DEFAULT_INPUT_SIZE, "--input-size")
+        size = parse_size(file_size or DEFAULT_FILE_SIZE, "--file-size")
+        if input_bytes <= 0 or size <= 0:
+            raise UsageError("--input-size and --file-size must be above 0")
+    if not 0 <= equality_deletes < 1:
+        raise UsageError(
+            f"--equality-deletes {equality_deletes}: must be in [0, 1)", "equality_deletes"
+        )
+    # Checks the target, --max-group-size and --parallelism as compactor run would.
+    resolve_options(
+        "tpcds",
+        {},
+        target_file_size=target_file_size,
+        allow_small_target=allow_small_target,
+        max_group_size=max_group_size,
+        parallelism=parallelism,
+    )
+    return RewriteParameters(
+        scale_factor=scale_factor,
+        input_size=input_bytes,
+        file_size=size,
+        target_file_size=target_file_size,
+        allow_small_target=allow_small_target,
+        equality_deletes=equality_deletes,
+        workload=workload,
+        files=files,
+        commits=commits,
+        parallelism=parallelism,
+        max_group_size=max_group_size,
+    )
+
+
+class PhaseUsage:
     """Wall time, CPU time and peak RSS of this process from now on (one phase).
 
     On Linux the RSS high-water mark is reset first (``/proc/self/clear_refs``), so the peak
@@ -80,23 +239,45 @@ class _Usage:
             Path("/proc/self/clear_refs").write_text("5")
         self.baseline_rss = _proc_status_bytes("VmRSS")
         self._cpu = _cpu_seconds()
+        # time.monotonic() is one clock for every process of the machine (CLOCK_MONOTONIC on
+        # Linux): the 2-process floor's wall time is the span of its halves' start and end.
+        self._started_at = time.monotonic()
         self._started = time.perf_counter()
 
-    def result(self, input_bytes: int, outputs: list[int]) -> dict[str, Any]:
-        seconds = time.perf_counter() - self._started
-        rate = input_bytes / MB / seconds if seconds > 0 else 0.0
-        cores = multiprocessing.cpu_count()
+    def elapsed(self) -> float:
+        """Seconds since the phase began."""
+        return time.perf_counter() - self._started
+
+    def resources(self) -> dict[str, Any]:
+        """CPU seconds since the phase began, peak RSS during it and RSS when it began."""
         return {
-            "seconds": round(seconds, 3),
             "cpu_seconds": round(_cpu_seconds() - self._cpu, 3),
-            "mb_per_s": round(rate, 2),
-            "mb_per_s_per_core": round(rate / cores, 2),
             "peak_rss_bytes": _proc_status_bytes("VmHWM"),
             "baseline_rss_bytes": self.baseline_rss,
+        }
+
+    def result(self, input_bytes: int, outputs: list[int], input_files: int) -> dict[str, Any]:
+        return {
+            **_rates(self.elapsed(), input_bytes, input_files),
+            **self.resources(),
+            "input_files": input_files,
+            "input_bytes": input_bytes,
             "output_files": len(outputs),
             "output_bytes": sum(outputs),
             "output_file_sizes": sorted(outputs),
+            "started_at": self._started_at,
+            "finished_at": time.monotonic(),
         }
+
+
+def _rates(seconds: float, input_bytes: int, input_files: int) -> dict[str, Any]:
+    rate = input_bytes / MB / seconds if seconds > 0 else 0.0
+    return {
+        "seconds": round(seconds, 3),
+        "mb_per_s": round(rate, 2),
+        "mb_per_s_per_core": round(rate / multiprocessing.cpu_count(), 2),
+        "files_per_s": round(input_files / seconds, 1) if seconds > 0 else 0.0,
+    }
 
 
 def _proc_status_bytes(name: str) -> int:
@@ -122,7 +303,7 @@ def floor_phase(
     writer_kwargs: dict[str, Any],
 ) -> dict[str, Any]:
     """Read ``files`` with pyarrow and write them into target-size Parquet files in ``out_dir``."""
-    usage = _Usage()
+    usage = PhaseUsage()
     dataset = ds.dataset(files, format="parquet")
     budget = min(row_group_size, target)
     outputs: list[int] = []
@@ -161,13 +342,17 @@ def floor_phase(
     if pending:
         flush()
     close()
-    return usage.result(input_bytes, outputs)
+    return usage.result(input_bytes, outputs, len(files))
 
 
 def compactor_phase(
-    catalog_properties: dict[str, str], target: str, allow_small_target: bool
+    catalog_properties: dict[str, str],
+    target: str,
+    allow_small_target: bool,
+    parallelism: int | None = None,
+    max_group_size: str | None = None,
 ) -> dict[str, Any]:
-    """Compact ``tpcds.store_sales`` with compactor's defaults and the given target."""
+    """Compact ``tpcds.store_sales`` with compactor's defaults and the options given."""
     from pyiceberg.catalog.sql import SqlCatalog
 
     from compactor.bench.warehouse import CATALOG_NAME
@@ -180,15 +365,18 @@ def compactor_phase(
         table.metadata.properties,
         target_file_size=target,
         allow_small_target=allow_small_target,
+        parallelism=parallelism,
+        max_group_size=max_group_size,
     )
-    usage = _Usage()
+    usage = PhaseUsage()
     result = compact(table, identifier, options)
     outputs = [d.file_size_in_bytes for r in result.committed for d in r.data_files]
+    input_files = sum(len(g.files) for g in result.committed_groups)
     return {
-        **usage.result(sum(r.input_bytes for r in result.committed), outputs),
-        "input_files": sum(len(g.files) for g in result.committed_groups),
+        **usage.result(sum(r.input_bytes for r in result.committed), outputs, input_files),
         "groups": len(result.plan.groups),
         "parallelism": options.parallelism,
+        "max_group_size": options.max_group_size,
         "records_written": sum(r.records_read for r in result.committed),
         "rows_deleted": sum(r.rows_deleted for r in result.committed),
     }
@@ -220,39 +408,159 @@ def add_equality_deletes(
     return {"keys": keys.num_rows, "files": files, "fraction": fraction}
 
 
+def _spawn_pool() -> ProcessPoolExecutor:
+    return ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+
+
 def in_fresh_process(function: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
     """Run ``function(*args)`` in a new (spawned) process and return its result."""
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with _spawn_pool() as pool:
         return pool.submit(function, *args).result()
+
+
+def _ready() -> int:
+    """A no-op: run first in a fresh process, it has the process import this module."""
+    return os.getpid()
+
+
+def in_fresh_processes(
+    function: Callable[..., dict[str, Any]], calls: Sequence[tuple[Any, ...]]
+) -> list[dict[str, Any]]:
+    """Run ``function(*args)`` for each of ``calls`` at once, each in its own new process.
+
+    The processes are started and have imported this module before any call begins, so the
+    calls start together, not one process start-up apart.
+    """
+    pools = [_spawn_pool() for _ in calls]
+    try:
+        for started in [pool.submit(_ready) for pool in pools]:
+            started.result()
+        futures = [pool.submit(function, *args) for pool, args in zip(pools, calls, strict=True)]
+        return [future.result() for future in futures]
+    finally:
+        for pool in pools:
+            pool.shutdown()
+
+
+def split_by_bytes(files: Sequence[tuple[str, int]], parts: int) -> list[list[tuple[str, int]]]:
+    """``files`` (path, size), in order, cut into up to ``parts`` consecutive runs of about
+    equal bytes: each file goes to the part its middle byte falls in (for two parts, neither
+    is empty when there are two files or more)."""
+    total = sum(size for _, size in files) or 1
+    cut: list[list[tuple[str, int]]] = [[] for _ in range(parts)]
+    before = 0
+    for path, size in files:
+        cut[min(parts - 1, int((before + size / 2) * parts / total))].append((path, size))
+        before += size
+    return [c for c in cut if c]
+
+
+def _combine(halves: list[dict[str, Any]]) -> dict[str, Any]:
+    """One phase of several processes run at once: wall time from the first start to the last
+    end, CPU summed, the largest peak RSS (and their sum), outputs together."""
+    seconds = max(h["finished_at"] for h in halves) - min(h["started_at"] for h in halves)
+    input_bytes = sum(h["input_bytes"] for h in halves)
+    input_files = sum(h["input_files"] for h in halves)
+    sizes = sorted(size for h in halves for size in h["output_file_sizes"])
+    return {
+        **_rates(seconds, input_bytes, input_files),
+        "cpu_seconds": round(sum(h["cpu_seconds"] for h in halves), 3),
+        "peak_rss_bytes": max(h["peak_rss_bytes"] for h in halves),
+        "peak_rss_sum_bytes": sum(h["peak_rss_bytes"] for h in halves),
+        "baseline_rss_bytes": max(h["baseline_rss_bytes"] for h in halves),
+        "input_files": input_files,
+        "input_bytes": input_bytes,
+        "output_files": len(sizes),
+        "output_bytes": sum(sizes),
+        "output_file_sizes": sizes,
+        "processes": len(halves),
+        "parts": [_without_clock(h) for h in halves],
+    }
+
+
+def _without_clock(result: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in result.items() if k not in ("started_at", "finished_at")}
+
+
+def _ratio(numerator: float, denominator: float) -> float | None:
+    return round(numerator / denominator, 3) if denominator else None
+
+
+def ratios(
+    compacted: dict[str, Any], floor_1: dict[str, Any], floor_2: dict[str, Any]
+) -> dict[str, float | None]:
+    """compactor's time, CPU and peak RSS as multiples of each floor's (1.29 = 29% longer)."""
+    return {
+        f"{measure}_vs_{name}": _ratio(compacted[key], floor[key])
+        for name, floor in (("floor_1", floor_1), ("floor_2", floor_2))
+        for measure, key in (
+            ("time", "seconds"),
+            ("cpu", "cpu_seconds"),
+            ("peak_rss", "peak_rss_bytes"),
+        )
+    }
+
+
+def _data_files(table: Table) -> list[tuple[str, int]]:
+    """The current snapshot's data files (path a local reader opens, size), in scan order."""
+    return [
+        (duckdb_path(task.file.file_path), task.file.file_size_in_bytes)
+        for task in table.scan().plan_files()
+    ]
+
+
+def _load(
+    parameters: RewriteParameters,
+    generator: duckdb.DuckDBPyConnection,
+    warehouse: Warehouse,
+    steps: Steps,
+) -> tuple[Table, LoadedTable]:
+    catalog = warehouse.catalog()
+    if parameters.files is not None:
+        assert parameters.commits is not None
+        description = (
+            f"loading {TABLE} as {parameters.files:,} files in {parameters.commits:,} commits"
+        )
+        with steps.step(description, total=parameters.commits) as advance:
+            return load_table_in_files(
+                generator,
+                catalog,
+                TABLE,
+                parameters.files,
+                parameters.commits,
+                on_commit=lambda _, __: advance(1),
+            )
+    assert parameters.file_size is not None
+    with steps.step(f"loading {TABLE}", total=parameters.input_size) as advance:
+        return load_table(
+            generator,
+            catalog,
+            TABLE,
+            parameters.file_size,
+            until_bytes=parameters.input_size,
+            on_commit=lambda _, size: advance(size),
+        )
 
 
 def run_rewrite_benchmark(
     parameters: RewriteParameters, warehouse: Warehouse, workdir: Path, steps: Steps
 ) -> dict[str, Any]:
-    """Build the input table, measure the floor, then compactor; returns the report's body."""
+    """Build the input table, measure the floor in 1 and 2 processes, then compactor; returns
+    the report's body."""
     with steps.step(f"generating TPC-DS at scale factor {parameters.scale_factor} (dsdgen)"):
         generator = generate(workdir / GENERATOR_FILE, parameters.scale_factor)
-    catalog = warehouse.catalog()
     try:
-        with steps.step(f"loading {TABLE}", total=parameters.input_size) as advance:
-            table, loaded = load_table(
-                generator,
-                catalog,
-                TABLE,
-                parameters.file_size,
-                until_bytes=parameters.input_size,
-                on_commit=lambda _, size: advance(size),
-            )
+        table, loaded = _load(parameters, generator, warehouse, steps)
         steps.note(
-            f"loaded {TABLE}: {loaded.files} files, {loaded.bytes / MB:.1f} MB in "
-            f"{loaded.commits} commits"
+            f"loaded {TABLE}: {loaded.files:,} files, {loaded.bytes / MB:.1f} MB in "
+            f"{loaded.commits:,} commits ({loaded.seconds:.1f}s)"
         )
-        floor_inputs = snapshot_files(table)  # the data files, before any delete
+        floor_inputs = _data_files(table)  # the data files, before any delete
         deletes: dict[str, Any] = {}
         if parameters.equality_deletes > 0:
             with steps.step(f"equality deletes on {', '.join(DELETE_KEY)}"):
                 deletes = add_equality_deletes(generator, table, parameters.equality_deletes)
-            table = catalog.load_table(f"{NAMESPACE}.{TABLE}")
+            table = warehouse.catalog().load_table(f"{NAMESPACE}.{TABLE}")
             steps.note(
                 f"{deletes['keys']} keys deleted in {deletes['files']} equality-delete files"
             )
@@ -264,31 +572,58 @@ def run_rewrite_benchmark(
         target_file_size=parameters.target_file_size,
         allow_small_target=parameters.allow_small_target,
     )
+    floor_settings = (
+        options.target_file_size,
+        options.row_group_size,
+        parquet_writer_kwargs(table.metadata.properties),
+    )
     floor_dir = workdir / "floor-output"
     shutil.rmtree(floor_dir, ignore_errors=True)
-    floor_dir.mkdir(parents=True)
     try:
-        with steps.step("raw pyarrow floor (fresh process)"):
-            floor = in_fresh_process(
-                floor_phase,
-                floor_inputs,
-                str(floor_dir),
-                loaded.bytes,
-                options.target_file_size,
-                options.row_group_size,
-                parquet_writer_kwargs(table.metadata.properties),
+        floor_dir.mkdir(parents=True)
+        with steps.step("raw pyarrow floor, 1 process (fresh process)"):
+            floor_1 = _without_clock(
+                in_fresh_process(
+                    floor_phase,
+                    [path for path, _ in floor_inputs],
+                    str(floor_dir),
+                    sum(size for _, size in floor_inputs),
+                    *floor_settings,
+                )
             )
+        steps.note(f"floor, 1 process: {floor_1['seconds']:.1f}s, {floor_1['mb_per_s']:.1f} MB/s")
+        shutil.rmtree(floor_dir)
+        parts = split_by_bytes(floor_inputs, FLOOR_PROCESSES)
+        calls = []
+        for index, part in enumerate(parts):
+            (floor_dir / f"part-{index}").mkdir(parents=True)
+            paths, size = [path for path, _ in part], sum(size for _, size in part)
+            calls.append((paths, str(floor_dir / f"part-{index}"), size, *floor_settings))
+        with steps.step(f"raw pyarrow floor, {len(parts)} processes (fresh processes)"):
+            floor_2 = _combine(in_fresh_processes(floor_phase, calls))
+        steps.note(
+            f"floor, {len(parts)} processes: {floor_2['seconds']:.1f}s, "
+            f"{floor_2['mb_per_s']:.1f} MB/s"
+        )
     finally:
         shutil.rmtree(floor_dir, ignore_errors=True)
-    steps.note(f"floor: {floor['mb_per_s']:.1f} MB/s")
     with steps.step("compactor (fresh process)"):
-        compacted = in_fresh_process(
-            compactor_phase,
-            warehouse.catalog_properties,
-            parameters.target_file_size,
-            parameters.allow_small_target,
+        compacted = _without_clock(
+            in_fresh_process(
+                compactor_phase,
+                warehouse.catalog_properties,
+                parameters.target_file_size,
+                parameters.allow_small_target,
+                parameters.parallelism,
+                parameters.max_group_size,
+            )
         )
-    steps.note(f"compactor: {compacted['mb_per_s']:.1f} MB/s")
+    compared = ratios(compacted, floor_1, floor_2)
+    steps.note(
+        f"compactor: {compacted['seconds']:.1f}s, {compacted['mb_per_s']:.1f} MB/s, "
+        f"{compared['time_vs_floor_1']}x the 1-process floor's time, "
+        f"{compared['time_vs_floor_2']}x the 2-process floor's"
+    )
     return {
         "input": {
             **loaded.to_dict(),
@@ -296,9 +631,9 @@ def run_rewrite_benchmark(
             "rows": loaded.rows_loaded,
             "equality_deletes": deletes,
         },
-        "floor": floor,
+        "floor_1": floor_1,
+        "floor_2": floor_2,
         "compactor": compacted,
-        "fraction_of_floor": round(compacted["mb_per_s"] / floor["mb_per_s"], 3)
-        if floor["mb_per_s"]
-        else None,
+        "ratios": compared,
+        "fraction_of_floor": _ratio(compacted["mb_per_s"], floor_1["mb_per_s"]),
     }

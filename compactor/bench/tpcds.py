@@ -1,7 +1,10 @@
 """TPC-DS data and queries from DuckDB's own ``tpcds`` extension, loaded into Iceberg fragmented.
 
 Tables are loaded as a streaming writer leaves them: one small Parquet file per commit, each
-commit appending the next slice of the generated rows in the generator's order. Tables are
+commit appending the next slice of the generated rows in the generator's order
+(:func:`load_table`). :func:`load_table_in_files` instead cuts the rows, once, into a given
+number of files of equal rows in a given number of commits (a fixed-shape workload); it writes
+the files with pyiceberg's writer and commits them with :func:`commit_appends`. Tables are
 unpartitioned: TPC-DS fact tables carry dates only as integer surrogate keys, and partitioning
 by day at small scale factors would give thousands of partitions too small for any compaction
 to reach the target size (see docs/benchmarks.md).
@@ -11,9 +14,11 @@ from __future__ import annotations
 
 import contextlib
 import io
+import random
 import re
 import time
-from collections.abc import Callable, Iterator
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -23,10 +28,33 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NamespaceAlreadyExistsError
-from pyiceberg.table import Table
+from pyiceberg.io.pyarrow import pyarrow_to_schema, write_file
+from pyiceberg.manifest import DataFile, ManifestContent, ManifestEntry, ManifestEntryStatus
+from pyiceberg.table import Table, WriteTask
+from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
+from pyiceberg.table.snapshots import (
+    Operation,
+    Snapshot,
+    SnapshotSummaryCollector,
+    Summary,
+    update_snapshot_summaries,
+)
+from pyiceberg.table.update import (
+    AddSnapshotUpdate,
+    AssertRefSnapshotId,
+    AssertTableUUID,
+    SetSnapshotRefUpdate,
+    TableRequirement,
+    TableUpdate,
+)
 
 from compactor.errors import UsageError
 from compactor.iceberg.duckdb_views import load_packaged_extension
+from compactor.iceberg.pyiceberg_compat import (
+    manifest_writer,
+    snapshot_manifests,
+    write_manifest_list,
+)
 
 # The eight I/O-heavy queries of the Amazon S3 Tables compaction study.
 DEFAULT_QUERIES = (25, 31, 49, 76, 77, 80, 88, 96)
@@ -34,6 +62,12 @@ NAMESPACE = "tpcds"
 GENERATOR_FILE = "tpcds.duckdb"
 # Rows DuckDB hands over at a time while loading (slices are cut from these).
 FETCH_ROWS = 65_536
+# commit_appends: snapshots added per catalog commit (each catalog commit rewrites the whole
+# table metadata, which grows with every snapshot: one per snapshot would make loading
+# thousands of commits quadratic).
+SNAPSHOTS_PER_CATALOG_COMMIT = 100
+# load_table_in_files: files handed to pyiceberg's (threaded) writer at a time.
+WRITE_BATCH_FILES = 256
 
 
 def generate(path: Path, scale_factor: float) -> duckdb.DuckDBPyConnection:
@@ -187,4 +221,248 @@ def load_table(
         bytes=int(totals.get("total-files-size", 0)),
         commits=commits,
         seconds=round(time.monotonic() - started, 3),
+    )
+
+
+@dataclass
+class LoadedInFiles(LoadedTable):
+    """A table loaded by :func:`load_table_in_files`: also how many catalog commits it took."""
+
+    catalog_commits: int = 0
+
+
+def split_evenly(total: int, parts: int) -> list[int]:
+    """``total`` cut into ``parts`` counts differing by at most one, the larger ones first."""
+    base, extra = divmod(total, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]
+
+
+def _new_snapshot_id(taken: set[int]) -> int:
+    while True:
+        candidate = random.getrandbits(63)
+        if candidate and candidate not in taken:
+            taken.add(candidate)
+            return candidate
+
+
+def commit_appends(
+    table: Table,
+    appends: Iterable[Sequence[DataFile]],
+    *,
+    snapshots_per_catalog_commit: int = SNAPSHOTS_PER_CATALOG_COMMIT,
+    on_snapshot: Callable[[Sequence[DataFile]], None] | None = None,
+) -> tuple[Table, int]:
+    """Commit each list of data files in ``appends`` as its own snapshot, as a fast append.
+
+    Every snapshot is what pyiceberg's ``append`` leaves (``fast_append``): one new manifest of
+    ADDED entries listed first, then every manifest of the parent, the next sequence number, an
+    ``append`` summary with the running totals, and main moved to it. Up to
+    ``snapshots_per_catalog_commit`` of them go to the catalog in one commit, validated as
+    pyiceberg's own writes are. Format version 2 only. Returns the refreshed table and how many
+    catalog commits it took.
+    """
+    if table.metadata.format_version != 2:
+        raise UsageError(f"table {'.'.join(table.name())}: bench loading needs format version 2")
+    metadata = table.metadata
+    spec, schema = metadata.spec(), metadata.schema()
+    locations = table.location_provider()
+    head = table.current_snapshot()
+    carried = snapshot_manifests(table.io, head, 2) if head else []
+    previous = head.summary.additional_properties if head and head.summary else None
+    parent = head.snapshot_id if head else None
+    sequence = metadata.last_sequence_number
+    taken = {s.snapshot_id for s in metadata.snapshots}
+    last_ms = metadata.last_updated_ms
+    requirements: tuple[TableRequirement, ...] = ()
+    updates: list[TableUpdate] = []
+    catalog_commits = 0
+
+    def flush() -> None:
+        nonlocal updates, requirements, catalog_commits
+        if updates:
+            table.catalog.commit_table(table, requirements, tuple(updates))
+            table.refresh()
+            catalog_commits += 1
+            updates, requirements = [], ()
+
+    for files in appends:
+        if not requirements:
+            requirements = (
+                AssertTableUUID(uuid=metadata.table_uuid),
+                AssertRefSnapshotId(ref=MAIN_BRANCH, snapshot_id=parent),
+            )
+        snapshot_id = _new_snapshot_id(taken)
+        sequence += 1
+        commit_uuid = uuid.uuid4()
+        output = table.io.new_output(locations.new_metadata_location(f"{commit_uuid}-m0.avro"))
+        with manifest_writer(
+            ManifestContent.DATA, 2, spec, schema, output, snapshot_id, "deflate"
+        ) as writer:
+            for data_file in files:
+                writer.add_entry(
+                    ManifestEntry.from_args(
+                        status=ManifestEntryStatus.ADDED,
+                        snapshot_id=snapshot_id,
+                        sequence_number=None,
+                        file_sequence_number=None,
+                        data_file=data_file,
+                    )
+                )
+        manifest = writer.to_manifest_file()
+        manifests = [manifest, *carried]
+        manifest_list = locations.new_metadata_location(f"snap-{snapshot_id}-0-{commit_uuid}.avro")
+        write_manifest_list(
+            metadata,
+            table.io.new_output(manifest_list),
+            snapshot_id,
+            parent,
+            sequence,
+            "deflate",
+            manifests,
+        )
+        # As the manifest list recorded it, for the next snapshots that carry it over.
+        manifest.sequence_number = manifest.min_sequence_number = sequence
+        collector = SnapshotSummaryCollector()
+        for data_file in files:
+            collector.add_file(data_file, schema=schema, partition_spec=spec)
+        summary = update_snapshot_summaries(
+            Summary(operation=Operation.APPEND, **collector.build()), previous_summary=previous
+        )
+        last_ms = max(int(time.time() * 1000), last_ms + 1)
+        updates += [
+            AddSnapshotUpdate(
+                snapshot=Snapshot(
+                    snapshot_id=snapshot_id,
+                    parent_snapshot_id=parent,
+                    sequence_number=sequence,
+                    timestamp_ms=last_ms,
+                    manifest_list=manifest_list,
+                    summary=summary,
+                    schema_id=metadata.current_schema_id,
+                )
+            ),
+            SetSnapshotRefUpdate(
+                ref_name=MAIN_BRANCH,
+                type=SnapshotRefType.BRANCH,
+                snapshot_id=snapshot_id,
+                parent_snapshot_id=parent,
+            ),
+        ]
+        carried, previous, parent = manifests, summary.additional_properties, snapshot_id
+        if on_snapshot:
+            on_snapshot(files)
+        if len(updates) >= 2 * snapshots_per_catalog_commit:
+            flush()
+    flush()
+    return table, catalog_commits
+
+
+class _Rows:
+    """Takes the next N rows from a stream of record batches."""
+
+    def __init__(self, batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> None:
+        self._batches, self._schema = batches, schema
+        self._pending: list[pa.RecordBatch] = []
+        self._buffered = 0
+
+    def take(self, rows: int) -> pa.Table:
+        while self._buffered < rows:
+            batch = next(self._batches, None)
+            if batch is None:
+                break
+            self._pending.append(batch)
+            self._buffered += batch.num_rows
+        combined = pa.Table.from_batches(self._pending, schema=self._schema)
+        head, rest = combined.slice(0, rows), combined.slice(rows)
+        self._pending, self._buffered = rest.to_batches(), rest.num_rows
+        return head
+
+
+def load_table_in_files(
+    con: duckdb.DuckDBPyConnection,
+    catalog: Catalog,
+    name: str,
+    files: int,
+    commits: int,
+    *,
+    on_commit: Callable[[int, int], None] | None = None,
+) -> tuple[Table, LoadedInFiles]:
+    """Create ``tpcds.<name>`` and append its generated rows once as ``files`` files of equal
+    rows (the generator's order) in ``commits`` fast-append snapshots of equal file counts.
+
+    The files are written by pyiceberg's writer (field ids, column metrics, the table's
+    codec) and committed by :func:`commit_appends`. ``on_commit`` receives each commit's rows
+    and bytes.
+    """
+    started = time.monotonic()
+    if files < 1 or not 1 <= commits <= files:
+        raise UsageError(
+            f"--files {files} --commits {commits}: need 1 <= commits <= files", "files", "commits"
+        )
+    with contextlib.suppress(NamespaceAlreadyExistsError):
+        catalog.create_namespace(NAMESPACE)
+    generated = con.execute(f'SELECT count(*) FROM "{name}"').fetchone()
+    rows_generated = int(generated[0]) if generated else 0
+    if rows_generated < files:
+        raise UsageError(
+            f"--files {files}: {name} has only {rows_generated:,} rows at this scale factor",
+            "files",
+        )
+    arrow_schema = con.execute(f'SELECT * FROM "{name}" LIMIT 0').to_arrow_table().schema
+    table = catalog.create_table(
+        f"{NAMESPACE}.{name}", schema=arrow_schema, properties={"format-version": "2"}
+    )
+    metadata = table.metadata
+    task_schema = pyarrow_to_schema(
+        arrow_schema, name_mapping=metadata.schema().name_mapping, format_version=2
+    )
+    reader = con.execute(f'SELECT * FROM "{name}"').to_arrow_reader(FETCH_ROWS)
+    rows = _Rows(iter(reader), arrow_schema)
+    file_rows = iter(split_evenly(rows_generated, files))
+    per_commit = split_evenly(files, commits)
+
+    def appends() -> Iterator[list[DataFile]]:
+        position = 0
+        while position < len(per_commit):
+            # Several commits' files at once, so that pyiceberg's writer threads have work.
+            batch: list[int] = []
+            while position < len(per_commit) and (
+                not batch or sum(batch) + per_commit[position] <= WRITE_BATCH_FILES
+            ):
+                batch.append(per_commit[position])
+                position += 1
+            write_uuid = uuid.uuid4()
+            tasks = [
+                WriteTask(
+                    write_uuid=write_uuid,
+                    task_id=task_id,
+                    schema=task_schema,
+                    record_batches=rows.take(next(file_rows)).to_batches(),
+                )
+                for task_id in range(sum(batch))
+            ]
+            written = list(write_file(table.io, metadata, iter(tasks)))
+            start = 0
+            for count in batch:
+                yield written[start : start + count]
+                start += count
+
+    def committed(data_files: Sequence[DataFile]) -> None:
+        if on_commit:
+            on_commit(
+                sum(f.record_count for f in data_files),
+                sum(f.file_size_in_bytes for f in data_files),
+            )
+
+    table, catalog_commits = commit_appends(table, appends(), on_snapshot=committed)
+    totals = _summary(table)
+    return table, LoadedInFiles(
+        table=name,
+        rows_generated=rows_generated,
+        rows_loaded=int(totals.get("total-records", 0)),
+        files=int(totals.get("total-data-files", 0)),
+        bytes=int(totals.get("total-files-size", 0)),
+        commits=commits,
+        seconds=round(time.monotonic() - started, 3),
+        catalog_commits=catalog_commits,
     )

@@ -168,19 +168,70 @@ def queries(
 
 @bench_app.command()
 def rewrite(
+    workload: Annotated[
+        str | None,
+        typer.Option(
+            help="A preset input: 'large' = store_sales at scale factor 3, unpartitioned, "
+            "loaded once as 3,000 files, one per commit; 'tiny' = store_sales at scale factor "
+            "0.3 as 10,000 files of ~12 KB, 50 per commit over 200 commits. Both target 512MB. "
+            "--scale-factor, --files, --commits and --target-file-size override the preset; "
+            "--input-size and --file-size are refused with it. Default: none (load by size)."
+        ),
+    ] = None,
     input_size: Annotated[
-        str, typer.Option(help="Data to compact: the table is loaded until it holds this much.")
-    ] = "1GB",
-    file_size: FileSizeOpt = "1MB",
-    target_file_size: TargetOpt = "512MB",
+        str | None,
+        typer.Option(
+            help="Load by size: the table is loaded until it holds this much. Default: 1GB "
+            "(without --workload/--files)."
+        ),
+    ] = None,
+    file_size: Annotated[
+        str | None,
+        typer.Option(
+            help="Load by size: size of each file written, one per commit, e.g. 1MB, 256KB. "
+            "Default: 1MB (without --workload/--files)."
+        ),
+    ] = None,
+    files: Annotated[
+        int | None,
+        typer.Option(
+            help="Load by count: the generated rows once, as this many files of equal rows. "
+            "Default: the workload's."
+        ),
+    ] = None,
+    commits: Annotated[
+        int | None,
+        typer.Option(
+            help="Load by count: in this many commits of equal file counts. Default: the "
+            "workload's files per commit, or one file per commit."
+        ),
+    ] = None,
+    target_file_size: Annotated[
+        str | None,
+        typer.Option(help="Compaction target file size, 64MB..512MiB. Default: 512MB."),
+    ] = None,
     allow_small_target: AllowSmallOpt = False,
     scale_factor: Annotated[
-        float,
+        float | None,
         typer.Option(
-            help="TPC-DS scale factor of the store_sales rows loaded (repeated as needed to "
-            "reach --input-size)."
+            help="TPC-DS scale factor of the store_sales rows loaded (by size: repeated as "
+            "needed to reach --input-size). Default: 1, or the workload's."
         ),
-    ] = 1.0,
+    ] = None,
+    parallelism: Annotated[
+        int | None,
+        typer.Option(
+            help="compactor's --parallelism (groups rewritten at once) in its phase. Default: "
+            "one per core. An unpartitioned table is one group unless --max-group-size cuts it."
+        ),
+    ] = None,
+    max_group_size: Annotated[
+        str | None,
+        typer.Option(
+            help="compactor's --max-group-size in its phase (at least the target file size): "
+            "a table larger than it is rewritten as several groups, --parallelism at once."
+        ),
+    ] = None,
     equality_deletes: Annotated[
         float,
         typer.Option(
@@ -194,13 +245,24 @@ def rewrite(
 ) -> None:
     """Compaction throughput on a fragmented table, beside a raw pyarrow floor on the same files.
 
-    Loads TPC-DS store_sales as --file-size files (one per commit) until the table holds
-    --input-size, then measures, each in a fresh process: the floor (plain pyarrow reading
-    the files and writing target-size Parquet files with the same compression, no Iceberg)
-    and compactor's rewrite of the table. Reports MB/s overall and per core, CPU time, peak
-    RSS and output files, and compactor's MB/s as a fraction of the floor's.
+    Loads TPC-DS store_sales by size (--file-size files, one per commit, until the table
+    holds --input-size) or by count (--workload, or --files in --commits commits), then
+    measures, one after the other and each in fresh processes: the floor in 1 process (plain
+    pyarrow reading the files and writing target-size Parquet files with the same compression,
+    no Iceberg), the floor in 2 processes at once (each half of the files, by bytes, in its
+    own process), and compactor's rewrite of the table. Reports seconds, MB/s, files/s, CPU
+    time, peak RSS and output files of each, and compactor's time as a multiple of each
+    floor's.
 
-    Example: compactor bench rewrite --input-size 1GB --file-size 1MB --out bench-rewrite
+    Example: compactor bench rewrite --workload large --out bench-large
+
+    The tiny-files workload: compactor bench rewrite --workload tiny --out bench-tiny
+
+    A scaling run (four groups of at most 128MB, two at once):
+    compactor bench rewrite --workload large --target-file-size 128MB --max-group-size 128MB
+    --parallelism 2 --out bench-large-p2
+
+    By size, as before: compactor bench rewrite --input-size 1GB --file-size 1MB
 
     A CDC table, 10% of its rows deleted by equality deletes:
     compactor bench rewrite --input-size 1GB --equality-deletes 0.1 --out bench-cdc
@@ -209,30 +271,85 @@ def rewrite(
     def go() -> None:
         from compactor.bench.progress import QuietSteps, RichSteps
         from compactor.bench.report import build_report
-        from compactor.bench.rewrite import RewriteParameters, run_rewrite_benchmark
+        from compactor.bench.rewrite import rewrite_parameters, run_rewrite_benchmark
         from compactor.bench.warehouse import open_warehouse
-        from compactor.errors import UsageError
-        from compactor.options import resolve_options
-        from compactor.sizes import parse_size
 
-        parameters = RewriteParameters(
+        parameters = rewrite_parameters(
+            workload=workload,
             scale_factor=scale_factor,
-            input_size=parse_size(input_size, "--input-size"),
-            file_size=parse_size(file_size, "--file-size"),
+            input_size=input_size,
+            file_size=file_size,
+            files=files,
+            commits=commits,
             target_file_size=target_file_size,
             allow_small_target=allow_small_target,
             equality_deletes=equality_deletes,
-        )
-        if parameters.input_size <= 0 or parameters.file_size <= 0:
-            raise UsageError("--input-size and --file-size must be above 0")
-        if not 0 <= equality_deletes < 1:
-            raise UsageError(f"--equality-deletes {equality_deletes}: must be in [0, 1)")
-        resolve_options(
-            "tpcds", {}, target_file_size=target_file_size, allow_small_target=allow_small_target
+            parallelism=parallelism,
+            max_group_size=max_group_size,
         )
         steps = RichSteps(err) if err.is_terminal else QuietSteps()
         with _workdir(workdir) as directory, open_warehouse(directory) as wh:
             body = run_rewrite_benchmark(parameters, wh, directory, steps)
         _finish(build_report("rewrite", sys.argv, parameters.to_dict(), body), out, as_json)
+
+    guarded(go)
+
+
+@bench_app.command()
+def plan(
+    files: Annotated[int, typer.Option(help="Data files in the table.")] = 100_000,
+    commits: Annotated[
+        int, typer.Option(help="Commits (fast appends) they are spread over, equally.")
+    ] = 1_000,
+    rows_per_file: Annotated[int, typer.Option(help="Rows of store_sales in each file.")] = 10,
+    scale_factor: Annotated[
+        float,
+        typer.Option(
+            help="TPC-DS scale factor of the store_sales rows the files take (in turn, "
+            "starting again when they run out)."
+        ),
+    ] = 0.01,
+    repetitions: Annotated[
+        int,
+        typer.Option(help="Planning runs, each in a fresh process; the median is reported."),
+    ] = 3,
+    target_file_size: TargetOpt = "512MB",
+    allow_small_target: AllowSmallOpt = False,
+    workdir: WorkdirOpt = None,
+    out: OutOpt = Path("bench-report"),
+    as_json: JsonOpt = False,
+) -> None:
+    """Planning time on a table of many tiny files over many commits.
+
+    Builds TPC-DS store_sales as --files Parquet files (every one a real file with the
+    Iceberg field ids and column metrics) over --commits fast-append commits, one manifest
+    each, as fast as the machine allows (a writer process per core; the snapshots go to the
+    catalog in batches), then times compactor's planning of it (compactor.plan: the manifest
+    list and every manifest read, candidates picked, groups packed; nothing written) in a
+    fresh process, --repetitions times. Reports the seconds to load the table and to plan,
+    CPU, peak RSS, manifests read and files planned.
+
+    Example: compactor bench plan --files 100000 --commits 1000 --out bench-plan
+    """
+
+    def go() -> None:
+        from compactor.bench.planning import plan_parameters, run_plan_benchmark
+        from compactor.bench.progress import QuietSteps, RichSteps
+        from compactor.bench.report import build_report
+        from compactor.bench.warehouse import open_warehouse
+
+        parameters = plan_parameters(
+            files=files,
+            commits=commits,
+            rows_per_file=rows_per_file,
+            scale_factor=scale_factor,
+            repetitions=repetitions,
+            target_file_size=target_file_size,
+            allow_small_target=allow_small_target,
+        )
+        steps = RichSteps(err) if err.is_terminal else QuietSteps()
+        with _workdir(workdir) as directory, open_warehouse(directory) as wh:
+            body = run_plan_benchmark(parameters, wh, directory, steps)
+        _finish(build_report("plan", sys.argv, parameters.to_dict(), body), out, as_json)
 
     guarded(go)
