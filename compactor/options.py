@@ -44,7 +44,17 @@ DEFAULT_DELETE_FILE_THRESHOLD: int | None = None
 DEFAULT_DELETE_RATIO_THRESHOLD = 0.3
 DEFAULT_MAX_GROUP_SIZE = 100 * GiB
 DEFAULT_ROW_GROUP_SIZE = 128 * MiB
-# Compressed input bytes each group may have read ahead of the writer (bounds memory per worker).
+# Memory: a run aims to keep its process's resident memory under --memory-limit. Past a fixed
+# allowance for the interpreter and libraries, each worker gets an equal share split in three
+# (ClickHouse's S3 insert guide: buffer ~ limit / (3 x workers)): rows read ahead of the writer,
+# the row group being filled (an in-memory budget: at most the table's row-group size), and
+# room for decoding and encoding.
+DEFAULT_MEMORY_LIMIT = 512 * MiB
+PROCESS_ALLOWANCE = 160 * MiB
+MIN_MEMORY_LIMIT = PROCESS_ALLOWANCE + 48 * MiB
+# The smallest share of one worker; fewer workers run when the limit allows no more.
+MIN_WORKER_MEMORY = 48 * MiB
+# Decoded input bytes each worker may hold ahead of the writer, when no limit is computed.
 DEFAULT_READ_AHEAD = 64 * MiB
 # Files at least this large are streamed batch by batch instead of being read ahead whole.
 STREAM_FILE_THRESHOLD = 16 * MiB
@@ -109,6 +119,7 @@ class RewriteOptions:
     executor: str = DEFAULT_EXECUTOR
     ray_address: str | None = None
     bulk_read: bool = True
+    memory_limit: int = DEFAULT_MEMORY_LIMIT
 
     @property
     def partial_progress(self) -> bool:
@@ -249,6 +260,7 @@ class CompactOptions(BaseModel):
     executor: Literal["threads", "ray"] = DEFAULT_EXECUTOR
     ray_address: str | None = None
     bulk_read: bool = True
+    memory_limit: Size | None = None
 
     @model_validator(mode="after")
     def _ray_address_needs_ray(self) -> CompactOptions:
@@ -320,18 +332,31 @@ def resolve_options(table: str, table_properties: dict[str, str], **options: Any
         raise UsageError(
             f"max_group_size: {format_size(group)} is below the target file size", "max_group_size"
         )
-    # Threads default to this process's cores; a Ray cluster schedules by its own resources.
+    limit = DEFAULT_MEMORY_LIMIT
+    if given.memory_limit is not None:
+        limit = parse_size(given.memory_limit)
+        if limit < MIN_MEMORY_LIMIT:
+            raise UsageError(
+                f"memory_limit: {format_size(limit)} is below the minimum "
+                f"{format_size(MIN_MEMORY_LIMIT)}",
+                "memory_limit",
+            )
+    # Threads default to this process's cores, fewer if the memory limit allows no more; a
+    # Ray cluster schedules by its own resources (the limit is then per worker process).
     workers = given.parallelism
     if workers is None and given.executor == "threads":
-        workers = default_parallelism()
+        workers = min(default_parallelism(), (limit - PROCESS_ALLOWANCE) // MIN_WORKER_MEMORY)
+    share = (limit - PROCESS_ALLOWANCE) // (3 * (workers or 1))
     row_group = _int_property(table_properties, ROW_GROUP_SIZE_PROPERTY, table)
+    row_group = row_group if row_group and row_group > 0 else DEFAULT_ROW_GROUP_SIZE
     return RewriteOptions(
         target_file_size=target,
         min_input_files=given.min_input_files,
         delete_file_threshold=given.delete_file_threshold,
         delete_ratio_threshold=given.delete_ratio_threshold,
         max_group_size=group,
-        row_group_size=row_group if row_group and row_group > 0 else DEFAULT_ROW_GROUP_SIZE,
+        row_group_size=min(row_group, share),
+        read_ahead=share,
         parallelism=workers,
         where=given.where,
         commit_every=given.commit_every,
@@ -339,4 +364,5 @@ def resolve_options(table: str, table_properties: dict[str, str], **options: Any
         executor=given.executor,
         ray_address=given.ray_address,
         bulk_read=given.bulk_read,
+        memory_limit=limit,
     )

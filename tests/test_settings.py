@@ -1,4 +1,4 @@
-"""Defaults that depend on the machine: groups rewritten at once follow the CPUs allowed."""
+"""Defaults that depend on the machine: groups rewritten at once follow the CPUs and memory allowed."""
 
 from __future__ import annotations
 
@@ -30,3 +30,28 @@ def test_parallelism_without_cgroup_files_is_the_affinity(
     monkeypatch.setattr(settings, "CGROUP_CPU_MAX", tmp_path / "absent")
     monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0})
     assert settings.default_parallelism() == 1
+
+
+def test_the_memory_limit_sizes_each_workers_buffers_and_caps_the_workers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(settings, "default_parallelism", lambda: 8)
+    mib = settings.MiB
+
+    tight = settings.resolve_options("db.t", {}, memory_limit="256MiB")
+    roomy = settings.resolve_options("db.t", {}, memory_limit="4GiB")
+    pinned = settings.resolve_options("db.t", {}, memory_limit="256MiB", parallelism=1)
+
+    # 96 MiB past the process allowance: two workers of 48 MiB, in thirds of 16 MiB.
+    assert (tight.parallelism, tight.read_ahead, tight.row_group_size) == (2, 16 * mib, 16 * mib)
+    assert roomy.parallelism == 8
+    assert roomy.row_group_size == settings.DEFAULT_ROW_GROUP_SIZE  # the table's size caps it
+    assert (pinned.parallelism, pinned.read_ahead) == (1, 32 * mib)
+    assert settings.resolve_options("db.t", {}).memory_limit == settings.DEFAULT_MEMORY_LIMIT
+
+
+def test_a_memory_limit_below_the_minimum_is_a_usage_error_naming_it() -> None:
+    with pytest.raises(
+        settings.UsageError, match=r"^memory_limit: 100.0 MiB is below the minimum 208.0 MiB"
+    ):
+        settings.resolve_options("db.t", {}, memory_limit="100MiB")

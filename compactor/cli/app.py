@@ -294,6 +294,14 @@ def run(
             "auto). Default: Ray's own (RAY_ADDRESS, else a local Ray)."
         ),
     ] = None,
+    memory_limit: Annotated[
+        str | None,
+        typer.Option(
+            help="Resident memory this run aims to stay under, e.g. 1GiB (default 512MiB). It "
+            "sets the buffers of each worker and, without --parallelism, how many run at once. "
+            "With --executor ray: per Ray worker process."
+        ),
+    ] = None,
     bulk_read: Annotated[
         bool,
         typer.Option(
@@ -338,6 +346,7 @@ def run(
             executor=executor,
             ray_address=ray_address,
             bulk_read=bulk_read,
+            memory_limit=memory_limit,
         )
         bar = _Bar() if (not as_json and sys.stderr.isatty()) else None
         try:

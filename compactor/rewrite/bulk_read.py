@@ -6,7 +6,7 @@ projection: tens of milliseconds per file, holding the GIL) is pure overhead: py
 dataset scanner reads them in parallel in C++ instead.
 
 A file takes this path only when reading it by column name *is* reading it by field id and
-nothing about its rows needs Iceberg's read rules: a Parquet file of a format 1 or 2 table
+nothing about its rows needs Iceberg's read rules: a small Parquet file of a format 1 or 2 table
 (v3 rows take their lineage from their positions), no delete file applies to it, every column
 of the current schema is a top-level primitive column of the file with the same field id, the
 same name and the same type (string and binary in either width). Every other file goes
@@ -33,8 +33,19 @@ if TYPE_CHECKING:
 
 FIELD_ID = b"PARQUET:field_id"
 FOOTER_READERS = 8
-# Scanner read-ahead: files opened ahead of the one being read (as pyarrow's default).
-FRAGMENT_READAHEAD = 4
+# Scanner read-ahead bounds: rows per batch, batches ahead within a file, files ahead.
+MIN_BATCH_ROWS, MAX_BATCH_ROWS = 1024, 128 * 1024
+BATCHES_AHEAD = 2
+# Only files small enough that this many fit the read-ahead are read in bulk: the scanner
+# buffers whole row groups of the files in flight (one request per row group, not per column),
+# and larger files gain little from being read together.
+FILES_IN_BUDGET = 64
+MAX_FILES_AHEAD = 8
+# Files are read ahead only when this many of them fit the read-ahead budget.
+TINY_FILE_FACTOR = 256
+# Files whose footers are read and checked, then scanned, at a time (bounds cached footers).
+CHUNK_FILES = 512
+FORMAT = ds.ParquetFileFormat()
 _WIDTHS = {pa.large_string(): pa.string(), pa.large_binary(): pa.binary()}
 
 
@@ -44,12 +55,16 @@ def _signature(schema: pa.Schema) -> dict[str, tuple[bytes | None, pa.DataType]]
 
 
 class BulkRead:
-    """The inputs of a group that can be read at once, and a scanner over them.
+    """Reads the inputs of a group that can be read at once; the others are left in :attr:`rest`.
 
     ``expected`` is the Arrow schema the group's output is written in (field ids in the field
     metadata). Batches come out in that schema, ready to be written without projection.
-    Not ``enabled``, or on a FileIO other than pyiceberg's pyarrow one, every input is in
-    :attr:`rest`.
+    Candidates are taken CHUNK_FILES at a time: their footers are read (in threads) and
+    checked, then those that pass are scanned together, holding about ``read_ahead`` bytes of
+    decoded rows (files and batches read ahead are sized from the footers; measured, not
+    merely configured: see tests/test_memory_limit.py). Files that fail the
+    check join :attr:`rest`, complete once :meth:`batches` is exhausted. Not ``enabled``, or
+    on a FileIO other than pyiceberg's pyarrow one, every input is in :attr:`rest`.
     """
 
     def __init__(
@@ -58,54 +73,76 @@ class BulkRead:
         metadata: TableMetadata,
         inputs: Sequence[TaskInput],
         expected: pa.Schema,
+        read_ahead: int,
         *,
         enabled: bool = True,
     ) -> None:
-        self._expected = expected
+        self._io, self._expected, self._read_ahead = io, expected, read_ahead
+        self._wanted = _signature(expected)
         self.files: list[TaskInput] = []
         self.rest: list[TaskInput] = list(inputs)
-        self._fragments: list[ds.ParquetFileFragment] = []
+        self._candidates: list[TaskInput] = []
         if not enabled or not isinstance(io, PyArrowFileIO) or metadata.format_version > 2:
             return
         if any(pa.types.is_nested(f.type) for f in expected):
             return
-        candidates = [f for f in inputs if _plain(f)]
-        if not candidates:
-            return
-        wanted = _signature(expected)
-        file_format = ds.ParquetFileFormat()
-
-        def fragment(f: TaskInput) -> ds.ParquetFileFragment | None:
-            scheme, netloc, path = io.parse_location(f.path, io.properties)
-            try:
-                made = file_format.make_fragment(path, filesystem=io.fs_by_scheme(scheme, netloc))
-                found = _signature(made.physical_schema)
-            except Exception as exc:
-                raise DataFileError(f"data file {f.path}: {first_line(exc)}") from exc
-            return made if all(found.get(n) == s for n, s in wanted.items()) else None
-
-        with ThreadPoolExecutor(FOOTER_READERS) as pool:
-            fragments = list(pool.map(fragment, candidates))
-        chosen = {id(f) for f, made in zip(candidates, fragments, strict=True) if made}
-        self.files = [f for f in inputs if id(f) in chosen]
+        small = [f for f in inputs if _plain(f) and f.size * FILES_IN_BUDGET <= read_ahead]
+        self._candidates = small
+        chosen = {id(f) for f in small}
         self.rest = [f for f in inputs if id(f) not in chosen]
-        self._fragments = [made for made in fragments if made is not None]
 
     @property
     def expected_records(self) -> int:
+        """Rows the manifests record for the files read so far."""
         return sum(f.data_file.record_count for f in self.files)
 
+    def _fragment(self, f: TaskInput) -> ds.ParquetFileFragment | None:
+        """``f`` as a scanner fragment if reading it by name is reading it by field id."""
+        io = self._io
+        assert isinstance(io, PyArrowFileIO)
+        scheme, netloc, path = io.parse_location(f.path, io.properties)
+        try:
+            fragment = FORMAT.make_fragment(path, filesystem=io.fs_by_scheme(scheme, netloc))
+            found = _signature(fragment.physical_schema)
+        except Exception as exc:
+            raise DataFileError(f"data file {f.path}: {first_line(exc)}") from exc
+        return fragment if all(found.get(n) == s for n, s in self._wanted.items()) else None
+
     def batches(self, between: Callable[[], None]) -> Iterator[pa.RecordBatch]:
-        """The rows of :attr:`files`, in the expected schema; ``between`` runs after each batch."""
-        if not self._fragments:
-            return
-        dataset = ds.FileSystemDataset(
-            self._fragments,
-            self._expected,
-            ds.ParquetFileFormat(),
-            self._fragments[0].filesystem,
+        """The rows of the files read in bulk; ``between`` runs after each batch."""
+        candidates = self._candidates
+        with ThreadPoolExecutor(FOOTER_READERS) as pool:
+            for start in range(0, len(candidates), CHUNK_FILES):
+                chunk = candidates[start : start + CHUNK_FILES]
+                fragments = list(pool.map(self._fragment, chunk))
+                for f, fragment in zip(chunk, fragments, strict=True):
+                    (self.files if fragment is not None else self.rest).append(f)
+                chosen = [fragment for fragment in fragments if fragment is not None]
+                if chosen:
+                    yield from self._scan(chosen, between)
+
+    def _scan(
+        self, fragments: list[ds.ParquetFileFragment], between: Callable[[], None]
+    ) -> Iterator[pa.RecordBatch]:
+        dataset = ds.FileSystemDataset(fragments, self._expected, FORMAT, fragments[0].filesystem)
+        rows = sum(f.metadata.num_rows for f in fragments)
+        decoded = sum(
+            f.metadata.row_group(i).total_byte_size
+            for f in fragments
+            for i in range(f.metadata.num_row_groups)
         )
-        for batch in dataset.to_batches(use_threads=True, fragment_readahead=FRAGMENT_READAHEAD):
+        row_bytes = max(decoded // max(rows, 1), 1)
+        # Batches of ~1/16 of the budget. pyarrow's scanner queues what it reads ahead without
+        # bound while the writer is slower (more so with use_threads), so it reads on one
+        # thread, beside the writer, and ahead by several files only when files are tiny.
+        batch_rows = self._read_ahead // (16 * row_bytes)
+        files_ahead = self._read_ahead // (TINY_FILE_FACTOR * max(decoded // len(fragments), 1))
+        for batch in dataset.to_batches(
+            batch_size=min(max(batch_rows, MIN_BATCH_ROWS), MAX_BATCH_ROWS),
+            batch_readahead=BATCHES_AHEAD,
+            fragment_readahead=min(max(files_ahead, 1), MAX_FILES_AHEAD),
+            use_threads=False,
+        ):
             yield batch
             between()
 

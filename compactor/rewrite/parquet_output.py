@@ -29,6 +29,7 @@ from compactor.planning.planner import is_unpartitioned
 # A file is closed once it is this close to the target; the next row group is sized to fill it.
 FILL_RATIO = 0.97
 MIN_ROW_GROUP_BYTES = 256 * 1024
+COALESCE_BATCHES = 256
 
 
 @dataclass
@@ -99,6 +100,10 @@ class RollingParquetWriter:
             if batch.nbytes <= room or batch.num_rows == 1:
                 self._buffer.append(batch)
                 self._buffered_bytes += batch.nbytes
+                if len(self._buffer) >= COALESCE_BATCHES:
+                    # Many small batches (one per small input file) cost far more memory than
+                    # their rows: keep them as one.
+                    self._buffer = [pa.concat_batches(self._buffer)]
                 if self._buffered_bytes >= budget:
                     self._flush_row_group()
                 return

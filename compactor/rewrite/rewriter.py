@@ -34,6 +34,8 @@ if TYPE_CHECKING:
     from compactor.planning.planner import TaskInput
 
 READ_THREADS = 4
+# Decoded rows per byte of a compressed Parquet file, for read-ahead: a rough, typical ratio.
+DECODED_PER_STORED = 4
 
 
 @dataclass
@@ -92,8 +94,10 @@ def _deleted_count(positions: list[pa.ChunkedArray] | None, record_count: int) -
 class _OrderedReader:
     """Yields the groups' rows file by file, in plan order, reading small files ahead in threads.
 
-    At most ``read_ahead`` bytes of input files are in flight; files of STREAM_FILE_THRESHOLD
-    bytes or more are streamed batch by batch instead, so memory never depends on file size.
+    At most ``read_ahead`` bytes of decoded rows are in flight, estimated as DECODED_PER_STORED
+    times the files' sizes; files estimated at a quarter of that or more (or of
+    STREAM_FILE_THRESHOLD bytes) are streamed batch by batch instead, so memory never depends
+    on file size.
     """
 
     def __init__(
@@ -154,16 +158,17 @@ class _OrderedReader:
                     ):
                         f = self._files[index]
                         index += 1
-                        if f.size >= STREAM_FILE_THRESHOLD:
+                        decoded = f.size * DECODED_PER_STORED
+                        if f.size >= STREAM_FILE_THRESHOLD or 4 * decoded >= self._read_ahead:
                             pending.append((f, None))
                             break
                         pending.append((f, pool.submit(self._load, f)))
-                        in_flight += f.size
+                        in_flight += decoded
                     f, future = pending.popleft()
                     if future is None:
                         yield f, self._stream(f)
                     else:
-                        in_flight -= f.size
+                        in_flight -= f.size * DECODED_PER_STORED
                         yield f, future.result()
             finally:
                 for _, future in pending:
@@ -194,12 +199,14 @@ def rewrite_files(
     writer = RollingParquetWriter(out, on_create=on_file_created)
     result = Rewritten()
     try:
-        bulk = BulkRead(out.io, out.metadata, inputs, writer.arrow_schema, enabled=bulk_read)
+        bulk = BulkRead(
+            out.io, out.metadata, inputs, writer.arrow_schema, read_ahead, enabled=bulk_read
+        )
+        rows = 0
+        for batch in bulk.batches(between_files):
+            rows += batch.num_rows
+            writer.write(batch)
         if bulk.files:
-            rows = 0
-            for batch in bulk.batches(between_files):
-                rows += batch.num_rows
-                writer.write(batch)
             if rows != bulk.expected_records:
                 raise DataFileError(
                     f"{label}: read {rows} rows from {len(bulk.files)} files, but the "

@@ -1,0 +1,112 @@
+"""``--memory-limit``: a run's peak resident memory stays within 25% of the limit.
+
+Each test compacts, in a ``compactor run`` subprocess, one group several times larger than
+the limit, and reads the subprocess's own peak RSS (``wait4``'s ``ru_maxrss``) — on the
+Iceberg read path (files too large to read in bulk) and on the bulk path (many small files).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from pyiceberg.catalog.sql import SqlCatalog
+
+pytestmark = pytest.mark.slow  # left out by `make test-quick`
+
+COMPACTOR = Path(sys.executable).parent / "compactor"
+LIMIT_MIB = 256
+SCHEMA = pa.schema([("a", pa.int64()), ("b", pa.float64()), ("c", pa.int64())])
+ROW_BYTES = 24
+
+
+def _random_rows(rng: np.random.Generator, count: int) -> pa.Table:
+    """Incompressible rows: what a file holds decoded is about what it stores."""
+    return pa.table(
+        {
+            "a": rng.integers(0, 2**62, count),
+            "b": rng.random(count),
+            "c": rng.integers(0, 2**62, count),
+        },
+        schema=SCHEMA,
+    )
+
+
+def _compact(catalog: SqlCatalog, tmp_path: Path) -> tuple[dict, float]:
+    """``compactor run --memory-limit`` on db.m; its JSON result and peak RSS in MiB."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYICEBERG_")}
+    prefix = "PYICEBERG_CATALOG__DEFAULT__"
+    env |= {
+        prefix + "TYPE": "sql",
+        prefix + "URI": catalog.properties["uri"],
+        prefix + "WAREHOUSE": catalog.properties["warehouse"],
+        "HOME": str(tmp_path),
+    }
+    command = [
+        str(COMPACTOR),
+        "run",
+        "--catalog",
+        "default",
+        "--table",
+        "db.m",
+        "--memory-limit",
+        f"{LIMIT_MIB}MiB",
+        "--target-file-size",
+        "512MiB",
+        "--json",
+    ]
+    process = subprocess.Popen(
+        command,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert process.stdout is not None
+    out = process.stdout.read()
+    _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)
+    assert process.returncode == 0, out
+    return json.loads(out), usage.ru_maxrss / 1024
+
+
+def test_a_group_of_large_files_several_times_the_limit(
+    catalog: SqlCatalog, tmp_path: Path
+) -> None:
+    rng = np.random.default_rng(1)
+    table = catalog.create_table(
+        "db.m", SCHEMA, properties={"write.target-file-size-bytes": str(2**30)}
+    )
+    files, file_bytes = 64, 12 * 2**20
+    for _ in range(files):
+        table.append(_random_rows(rng, file_bytes // ROW_BYTES))
+
+    result, peak_mib = _compact(catalog, tmp_path)
+
+    assert result["rewritten_files"] == files and result["bulk_read_files"] == 0
+    assert files * file_bytes > 2.5 * LIMIT_MIB * 2**20
+    assert peak_mib <= 1.25 * LIMIT_MIB, f"peak {peak_mib:.0f} MiB"
+
+
+def test_a_group_of_many_small_files_read_in_bulk(catalog: SqlCatalog, tmp_path: Path) -> None:
+    rng = np.random.default_rng(2)
+    rows_per_file = 4000  # ~100 KB per file
+    batch = _random_rows(rng, rows_per_file)
+    table = catalog.create_table(
+        "db.m", SCHEMA, properties={"write.target-file-size-bytes": str(batch.nbytes)}
+    )
+    for _ in range(30):  # 100 files per commit
+        table.append(_random_rows(rng, rows_per_file * 100))
+    files = len(table.inspect.files())
+
+    result, peak_mib = _compact(catalog, tmp_path)
+
+    assert result["rewritten_files"] == result["bulk_read_files"] == files >= 2500
+    assert peak_mib <= 1.25 * LIMIT_MIB, f"peak {peak_mib:.0f} MiB"
