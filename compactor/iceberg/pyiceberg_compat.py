@@ -26,7 +26,7 @@ from pyiceberg.expressions.visitors import (
     inclusive_projection,
     manifest_evaluator,
 )
-from pyiceberg.io import FileIO
+from pyiceberg.io import FileIO, OutputFile
 from pyiceberg.io.fileformat import FileFormatFactory
 from pyiceberg.io.pyarrow import (
     MetricModeTypes,
@@ -70,6 +70,8 @@ from pyiceberg.table.metadata import TableMetadata, TableMetadataV3
 from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.typedef import IcebergBaseModel, Record
 from pyiceberg.types import IntegerType, ListType, LongType, MapType, NestedField, StructType
+
+from compactor.iceberg.manifest_avro import write_manifest
 
 __all__ = [
     "DeleteFileIndex",
@@ -327,6 +329,30 @@ def _spec_data_file_type(data_file: StructType) -> StructType:
     return StructType(*fields)
 
 
+class _BufferedManifestFile:
+    """Stands in for pyiceberg's ``AvroOutputFile``: keeps the entries, writes them on close.
+
+    :func:`write_manifest` encodes them many to a block (pyiceberg writes one block per entry,
+    through its slow generic Avro writers). Nothing is written when the ``with`` body raises.
+    """
+
+    def __init__(self, output_file: OutputFile, schema: Schema, metadata: dict[str, str]) -> None:
+        self.output_file = output_file
+        self._schema = schema
+        self._metadata = metadata
+        self._entries: list[ManifestEntry] = []
+
+    def __enter__(self) -> _BufferedManifestFile:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        if exc_type is None:
+            write_manifest(self.output_file, self._schema, self._metadata, self._entries)
+
+    def write_block(self, objects: list[ManifestEntry]) -> None:
+        self._entries.extend(objects)
+
+
 class _SpecSchemaMixin:
     """Writes manifests whose Avro schema follows the Iceberg spec exactly."""
 
@@ -339,6 +365,13 @@ class _SpecSchemaMixin:
                 else f
                 for f in schema.fields
             ]
+        )
+
+    def new_writer(self) -> _BufferedManifestFile:
+        return _BufferedManifestFile(
+            self._output_file,  # type: ignore[attr-defined]
+            self._with_partition(self.version),  # type: ignore[attr-defined]
+            self._meta,  # type: ignore[attr-defined]
         )
 
 
@@ -542,16 +575,6 @@ class _V3Mixin:
     @property
     def version(self) -> int:
         return 3
-
-    def new_writer(self) -> AvroOutputFile[ManifestEntry]:
-        schema = self._with_partition(3)  # type: ignore[attr-defined]
-        return AvroOutputFile[ManifestEntry](
-            output_file=self._output_file,  # type: ignore[attr-defined]
-            file_schema=schema,
-            record_schema=schema,
-            schema_name="manifest_entry",
-            metadata=self._meta,  # type: ignore[attr-defined]
-        )
 
     def prepare_entry(self, entry: ManifestEntry) -> ManifestEntry:
         entry = super().prepare_entry(entry)  # type: ignore[misc]

@@ -15,6 +15,8 @@ through the Iceberg read path, file by file.
 
 from __future__ import annotations
 
+import threading
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
@@ -109,7 +111,16 @@ class BulkRead:
         return fragment if all(found.get(n) == s for n, s in self._wanted.items()) else None
 
     def batches(self, between: Callable[[], None]) -> Iterator[pa.RecordBatch]:
-        """The rows of the files read in bulk; ``between`` runs after each batch."""
+        """The rows of the files read in bulk; ``between`` runs after each batch.
+
+        They are read in a thread of their own, at most ``read_ahead`` bytes ahead, so that
+        decoding the next rows overlaps with encoding these (pyarrow releases the GIL for both).
+        """
+        for batch in _ahead(self._read(), self._read_ahead):
+            yield batch
+            between()
+
+    def _read(self) -> Iterator[pa.RecordBatch]:
         candidates = self._candidates
         with ThreadPoolExecutor(FOOTER_READERS) as pool:
             for start in range(0, len(candidates), CHUNK_FILES):
@@ -119,11 +130,9 @@ class BulkRead:
                     (self.files if fragment is not None else self.rest).append(f)
                 chosen = [fragment for fragment in fragments if fragment is not None]
                 if chosen:
-                    yield from self._scan(chosen, between)
+                    yield from self._scan(chosen)
 
-    def _scan(
-        self, fragments: list[ds.ParquetFileFragment], between: Callable[[], None]
-    ) -> Iterator[pa.RecordBatch]:
+    def _scan(self, fragments: list[ds.ParquetFileFragment]) -> Iterator[pa.RecordBatch]:
         dataset = ds.FileSystemDataset(fragments, self._expected, FORMAT, fragments[0].filesystem)
         rows = sum(f.metadata.num_rows for f in fragments)
         decoded = sum(
@@ -133,18 +142,70 @@ class BulkRead:
         )
         row_bytes = max(decoded // max(rows, 1), 1)
         # Batches of ~1/16 of the budget. pyarrow's scanner queues what it reads ahead without
-        # bound while the writer is slower (more so with use_threads), so it reads on one
-        # thread, beside the writer, and ahead by several files only when files are tiny.
+        # bound while its consumer is slower (more so with use_threads), so it reads on one
+        # thread, ahead by several files only when files are tiny; _ahead bounds the rest.
         batch_rows = self._read_ahead // (16 * row_bytes)
         files_ahead = self._read_ahead // (TINY_FILE_FACTOR * max(decoded // len(fragments), 1))
-        for batch in dataset.to_batches(
+        yield from dataset.to_batches(
             batch_size=min(max(batch_rows, MIN_BATCH_ROWS), MAX_BATCH_ROWS),
             batch_readahead=BATCHES_AHEAD,
             fragment_readahead=min(max(files_ahead, 1), MAX_FILES_AHEAD),
             use_threads=False,
-        ):
+        )
+
+
+def _ahead(batches: Iterator[pa.RecordBatch], budget: int) -> Iterator[pa.RecordBatch]:
+    """``batches``, produced in a thread at most ``budget`` bytes ahead of the consumer.
+
+    An error in the thread is raised to the consumer; a consumer that stops early stops the
+    thread (and closes ``batches``) before this generator finishes closing.
+    """
+    ready: deque[pa.RecordBatch] = deque()
+    state = {"held": 0, "done": False, "stop": False}
+    errors: list[BaseException] = []
+    changed = threading.Condition()
+
+    def produce() -> None:
+        try:
+            for batch in batches:
+                with changed:
+                    while state["held"] >= budget and ready and not state["stop"]:
+                        changed.wait()
+                    if state["stop"]:
+                        return
+                    ready.append(batch)
+                    state["held"] += batch.nbytes
+                    changed.notify_all()
+        except BaseException as exc:  # handed to the consumer
+            errors.append(exc)
+        finally:
+            close = getattr(batches, "close", None)
+            if close is not None:
+                close()
+            with changed:
+                state["done"] = True
+                changed.notify_all()
+
+    thread = threading.Thread(target=produce, name="compactor-bulk-read", daemon=True)
+    thread.start()
+    try:
+        while True:
+            with changed:
+                while not ready and not state["done"]:
+                    changed.wait()
+                if not ready:
+                    break
+                batch = ready.popleft()
+                state["held"] -= batch.nbytes
+                changed.notify_all()
             yield batch
-            between()
+        if errors:
+            raise errors[0]
+    finally:
+        with changed:
+            state["stop"] = True
+            changed.notify_all()
+        thread.join()
 
 
 def _plain(f: TaskInput) -> bool:
