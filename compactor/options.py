@@ -49,7 +49,7 @@ DEFAULT_ROW_GROUP_SIZE = 128 * MiB
 # (ClickHouse's S3 insert guide: buffer ~ limit / (3 x workers)): rows read ahead of the writer,
 # the row group being filled (an in-memory budget: at most the table's row-group size), and
 # room for decoding and encoding.
-DEFAULT_MEMORY_LIMIT = 512 * MiB
+DEFAULT_MEMORY_LIMIT = 384 * MiB
 PROCESS_ALLOWANCE = 160 * MiB
 MIN_MEMORY_LIMIT = PROCESS_ALLOWANCE + 48 * MiB
 # The smallest share of one worker; fewer workers run when the limit allows no more.

@@ -297,7 +297,7 @@ def run(
     memory_limit: Annotated[
         str | None,
         typer.Option(
-            help="Resident memory this run aims to stay under, e.g. 1GiB (default 512MiB). It "
+            help="Resident memory this run aims to stay under, e.g. 1GiB (default 384MiB). It "
             "sets the buffers of each worker and, without --parallelism, how many run at once. "
             "With --executor ray: per Ray worker process."
         ),
