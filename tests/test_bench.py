@@ -24,6 +24,7 @@ from typer.testing import CliRunner
 from compactor.bench import query_benchmark
 from compactor.bench.queries import same_results
 from compactor.bench.rewrite import WORKLOADS, rewrite_parameters, split_by_bytes
+from compactor.bench.s3_local import RequestCounter
 from compactor.bench.tpcds import DEFAULT_QUERIES, NAMESPACE
 from compactor.bench.warehouse import CATALOG_FILE, CATALOG_NAME, WAREHOUSE_DIR
 from compactor.cli.app import app
@@ -279,10 +280,13 @@ def test_queries_bench_on_local_s3_counts_fewer_gets_after_compaction(tmp_path: 
         "96,88",
         "--s3",
         "local",
+        "--s3-latency",
+        "2ms",
     )
 
     assert_schema(report, QUERIES_SCHEMA)
     assert report["parameters"]["storage"] == "s3-local"
+    assert report["parameters"]["s3_latency_ms"] == 2
     s3 = report["s3_requests"]
     assert s3["counted_by"] == "server"
     assert s3["get_before"] > s3["get_after"] > 0
@@ -344,6 +348,8 @@ def test_bad_options_are_one_error_line_with_exit_code_2(tmp_path: Path) -> None
         (("--s3", "remote"), "--s3"),
         (("--target-file-size", "1MB"), "--target-file-size"),
         (("--file-size", "big"), "--file-size"),
+        (("--s3-latency", "30ms"), "--s3-latency"),
+        (("--s3", "local", "--s3-latency", "soon"), "--s3-latency"),
     ):
         assert_one_error_line(run_cli(tmp_path, "bench", "queries", *args), 2, culprit)
 
@@ -617,3 +623,19 @@ def test_bench_help_explains_every_option(tmp_path: Path) -> None:
         assert "Example: compactor bench " + command in " ".join(result.stdout.split())
         for option in options:
             assert option in result.stdout
+
+
+def test_the_local_s3_server_answers_each_request_after_its_latency() -> None:
+    slept: list[float] = []
+    answered: list[str] = []
+
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        answered.append(environ["REQUEST_METHOD"])
+        return [b""]
+
+    counter = RequestCounter(app, latency_s=0.03, sleep=slept.append)
+    for method in ("GET", "GET", "HEAD"):
+        counter({"REQUEST_METHOD": method}, None)
+
+    assert slept == [0.03] * 3 and answered == ["GET", "GET", "HEAD"]
+    assert (counter.count("GET"), counter.count("HEAD")) == (2, 1)

@@ -105,12 +105,14 @@ def open_warehouse(
     s3: str | None = None,
     s3_endpoint: str | None = None,
     bucket: str = DEFAULT_BUCKET,
+    s3_latency_s: float = 0.0,
 ) -> Iterator[Warehouse]:
     """A fresh warehouse for one run: local under ``workdir``, or in ``bucket`` on S3.
 
     ``s3="local"`` starts a moto server for the run; ``s3_endpoint`` uses an S3-compatible
     store with the AWS_* credentials of the environment. On S3 the run's data lives under a
-    prefix of its own, deleted at the end.
+    prefix of its own, deleted at the end. ``s3_latency_s`` delays every request to the local
+    server (only with ``s3="local"``).
     """
     if s3 not in (None, "local"):
         raise UsageError(
@@ -118,6 +120,8 @@ def open_warehouse(
         )
     if s3 and s3_endpoint:
         raise UsageError("--s3 local and --s3-endpoint: give one of them")
+    if s3_latency_s and s3 != "local":
+        raise UsageError("--s3-latency: only with --s3 local (a real store has its own)")
     _reset_workdir(workdir)
     catalog = {"uri": f"sqlite:///{workdir / CATALOG_FILE}"}
     with ExitStack() as stack:
@@ -128,7 +132,7 @@ def open_warehouse(
             return
         counter = None
         if s3:
-            server = stack.enter_context(local_s3())
+            server = stack.enter_context(local_s3(s3_latency_s))
             properties, counter, storage = server.properties(), server.counter, "s3-local"
         else:
             properties, storage = _env_s3_properties(str(s3_endpoint)), "s3"

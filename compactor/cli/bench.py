@@ -110,6 +110,13 @@ def queries(
             "deleted at the end)."
         ),
     ] = "compactor-bench",
+    s3_latency: Annotated[
+        str | None,
+        typer.Option(
+            help="With --s3 local: answer every request this late (e.g. 30ms), emulating the "
+            "time to first byte of an object store. Default: none (loopback speed)."
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """TPC-DS queries in DuckDB over fragmented Iceberg tables, before and after compaction.
@@ -129,12 +136,14 @@ def queries(
         from compactor.bench.report import build_report
         from compactor.bench.tpcds import parse_query_numbers
         from compactor.bench.warehouse import open_warehouse
+        from compactor.durations import parse_duration_ms
         from compactor.errors import CompactorError, UsageError
         from compactor.options import resolve_options
         from compactor.sizes import parse_size
 
         if warmup < 0 or repetitions < 1:
             raise UsageError("--warmup must be 0 or more and --repetitions 1 or more")
+        latency_ms = parse_duration_ms(s3_latency, "--s3-latency") if s3_latency else 0
         parameters = QueriesParameters(
             scale_factor=scale_factor,
             file_size=parse_size(file_size, "--file-size"),
@@ -150,10 +159,21 @@ def queries(
         steps = RichSteps(err) if err.is_terminal else QuietSteps()
         with (
             _workdir(workdir) as directory,
-            open_warehouse(directory, s3=s3, s3_endpoint=s3_endpoint, bucket=s3_bucket) as wh,
+            open_warehouse(
+                directory,
+                s3=s3,
+                s3_endpoint=s3_endpoint,
+                bucket=s3_bucket,
+                s3_latency_s=latency_ms / 1000,
+            ) as wh,
         ):
             body = run_queries_benchmark(parameters, wh, directory, steps)
-        settings = {**parameters.to_dict(), "storage": wh.storage, "s3_endpoint": s3_endpoint}
+        settings = {
+            **parameters.to_dict(),
+            "storage": wh.storage,
+            "s3_endpoint": s3_endpoint,
+            "s3_latency_ms": latency_ms,
+        }
         report = build_report("queries", sys.argv, settings, body)
         _finish(report, out, as_json)
         different = [str(q["query"]) for q in body["queries"] if not q["identical_results"]]
