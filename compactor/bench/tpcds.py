@@ -128,6 +128,22 @@ class LoadedTable:
         return asdict(self)
 
 
+def _loaded(
+    table: Table, name: str, rows_generated: int, commits: int, started: float
+) -> dict[str, Any]:
+    """The fields of a LoadedTable for ``table``, from its current snapshot's totals."""
+    totals = _summary(table)
+    return {
+        "table": name,
+        "rows_generated": rows_generated,
+        "rows_loaded": int(totals.get("total-records", 0)),
+        "files": int(totals.get("total-data-files", 0)),
+        "bytes": int(totals.get("total-files-size", 0)),
+        "commits": commits,
+        "seconds": round(time.monotonic() - started, 3),
+    }
+
+
 class _Sizer:
     """Rows per slice for files of about ``file_size``, corrected after every file written."""
 
@@ -212,16 +228,7 @@ def load_table(
             on_commit(piece.num_rows, size)
         if until_bytes is not None and loaded_bytes >= until_bytes:
             break
-    totals = _summary(table)
-    return table, LoadedTable(
-        table=name,
-        rows_generated=rows_generated,
-        rows_loaded=int(totals.get("total-records", 0)),
-        files=int(totals.get("total-data-files", 0)),
-        bytes=int(totals.get("total-files-size", 0)),
-        commits=commits,
-        seconds=round(time.monotonic() - started, 3),
-    )
+    return table, LoadedTable(**_loaded(table, name, rows_generated, commits, started))
 
 
 @dataclass
@@ -455,14 +462,5 @@ def load_table_in_files(
             )
 
     table, catalog_commits = commit_appends(table, appends(), on_snapshot=committed)
-    totals = _summary(table)
-    return table, LoadedInFiles(
-        table=name,
-        rows_generated=rows_generated,
-        rows_loaded=int(totals.get("total-records", 0)),
-        files=int(totals.get("total-data-files", 0)),
-        bytes=int(totals.get("total-files-size", 0)),
-        commits=commits,
-        seconds=round(time.monotonic() - started, 3),
-        catalog_commits=catalog_commits,
-    )
+    loaded = _loaded(table, name, rows_generated, commits, started)
+    return table, LoadedInFiles(**loaded, catalog_commits=catalog_commits)
