@@ -33,6 +33,7 @@ from compactor.planning.health import delete_file_kinds
 from compactor.planning.planner import FileGroup, Plan, plan_rewrite
 from compactor.planning.tasks import RewriteTask, TaskResult, plan_tasks
 from compactor.rewrite.task_runner import EventToken, TaskCancelled
+from compactor.sizes import peak_rss_bytes
 
 ERROR, CONFLICT, CANCELLED = "error", "conflict", "cancelled"
 
@@ -112,6 +113,7 @@ class RunResult:
             "recovered_files": len(self.recovered_files),
             "stopped": self.stopped,
             "duration_s": round(self.duration_s, 3),
+            "peak_rss_bytes": peak_rss_bytes(),
             "plan": self.plan.summary(),
         }
 

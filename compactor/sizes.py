@@ -1,8 +1,12 @@
-"""Human-readable byte sizes: parsing ``128MB``/``512MiB``/``1048576`` and printing them back."""
+"""Byte sizes: parsing ``128MB``/``512MiB``/``1048576``, printing them back, and this process's
+resident memory."""
 
 from __future__ import annotations
 
+import contextlib
 import re
+import resource
+from pathlib import Path
 
 from compactor.errors import UsageError
 
@@ -69,3 +73,25 @@ def format_size(num_bytes: float) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
+
+
+# This process's resident memory, as the kernel counts it.
+PROC_STATUS = Path("/proc/self/status")
+
+
+def proc_status_bytes(name: str) -> int:
+    """``VmRSS`` or ``VmHWM`` of this process; elsewhere than Linux, the lifetime peak RSS.
+
+    ``VmHWM`` is the peak of this program's own memory: unlike ``ru_maxrss``, it does not count
+    the memory of the process it was forked from before ``exec``.
+    """
+    with contextlib.suppress(OSError):
+        for line in PROC_STATUS.read_text().splitlines():
+            if line.startswith(f"{name}:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def peak_rss_bytes() -> int:
+    """The peak resident memory of this process so far."""
+    return proc_status_bytes("VmHWM")

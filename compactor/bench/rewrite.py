@@ -63,7 +63,7 @@ from compactor.iceberg.delete_files import commit_delete_files, write_equality_d
 from compactor.iceberg.duckdb_views import duckdb_path
 from compactor.iceberg.pyiceberg_compat import parquet_writer_kwargs
 from compactor.options import resolve_options
-from compactor.sizes import parse_size
+from compactor.sizes import parse_size, proc_status_bytes
 
 MB = 10**6
 TABLE = "store_sales"
@@ -237,7 +237,7 @@ class PhaseUsage:
     def __init__(self) -> None:
         with contextlib.suppress(OSError):
             Path("/proc/self/clear_refs").write_text("5")
-        self.baseline_rss = _proc_status_bytes("VmRSS")
+        self.baseline_rss = proc_status_bytes("VmRSS")
         self._cpu = _cpu_seconds()
         # time.monotonic() is one clock for every process of the machine (CLOCK_MONOTONIC on
         # Linux): the 2-process floor's wall time is the span of its halves' start and end.
@@ -252,7 +252,7 @@ class PhaseUsage:
         """CPU seconds since the phase began, peak RSS during it and RSS when it began."""
         return {
             "cpu_seconds": round(_cpu_seconds() - self._cpu, 3),
-            "peak_rss_bytes": _proc_status_bytes("VmHWM"),
+            "peak_rss_bytes": proc_status_bytes("VmHWM"),
             "baseline_rss_bytes": self.baseline_rss,
         }
 
@@ -278,15 +278,6 @@ def _rates(seconds: float, input_bytes: int, input_files: int) -> dict[str, Any]
         "mb_per_s_per_core": round(rate / multiprocessing.cpu_count(), 2),
         "files_per_s": round(input_files / seconds, 1) if seconds > 0 else 0.0,
     }
-
-
-def _proc_status_bytes(name: str) -> int:
-    """``VmRSS``/``VmHWM`` of this process; elsewhere than Linux, the lifetime peak RSS."""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(f"{name}:"):
-                return int(line.split()[1]) * 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _cpu_seconds() -> float:
