@@ -381,6 +381,7 @@ def test_cancelled_task_removes_its_files(s3: S3Bucket, gate: S3Gate, cluster: R
         allow_small_target=True,
         min_input_files=2,
         parallelism=1,
+        bulk_read=False,  # see ON_RAY
     )
     run_id = uuid.uuid4().hex[:12]
     tasks = plan_tasks(plan_rewrite(table, TABLE, options), run_id, table.io.properties)
