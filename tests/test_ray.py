@@ -573,7 +573,7 @@ def test_task_memory_follows_the_group_size(s3: S3Bucket) -> None:
     big = replace(task, inputs=task.inputs * 20_000)  # ~1.8 GB of inputs
     assert big.input_bytes > 1024 * MiB
     expected = MEMORY_BASE + DECODE_FACTOR * big.read_ahead + ROW_GROUP_FACTOR * big.row_group_size
-    assert expected == 1152 * MiB  # with the default read-ahead and row group size
+    assert expected > MEMORY_FLOOR  # from the budgets --memory-limit gives each task
     assert task_memory(big) == expected
     assert task_memory(big, ceiling=MEMORY_FLOOR + 1) == MEMORY_FLOOR + 1
 
