@@ -6,7 +6,7 @@ import json
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
@@ -67,6 +67,25 @@ def _finish(report: dict[str, Any], out: Path, as_json: bool) -> None:
     if as_json:
         print(json.dumps(report, indent=2))
     err.print("wrote " + ", ".join(str(p) for p in paths), markup=False, highlight=False)
+
+
+def _run_on_local_warehouse(
+    kind: str,
+    run: Callable[..., dict[str, Any]],
+    parameters: Any,
+    workdir: Path | None,
+    out: Path,
+    as_json: bool,
+) -> None:
+    """Run a benchmark on a fresh local warehouse in ``workdir``; write its report to ``out``."""
+    from compactor.bench.progress import QuietSteps, RichSteps
+    from compactor.bench.report import build_report
+    from compactor.bench.warehouse import open_warehouse
+
+    steps = RichSteps(err) if err.is_terminal else QuietSteps()
+    with _workdir(workdir) as directory, open_warehouse(directory) as wh:
+        body = run(parameters, wh, directory, steps)
+    _finish(build_report(kind, sys.argv, parameters.to_dict(), body), out, as_json)
 
 
 @bench_app.command()
@@ -289,10 +308,7 @@ def rewrite(
     """
 
     def go() -> None:
-        from compactor.bench.progress import QuietSteps, RichSteps
-        from compactor.bench.report import build_report
         from compactor.bench.rewrite import rewrite_parameters, run_rewrite_benchmark
-        from compactor.bench.warehouse import open_warehouse
 
         parameters = rewrite_parameters(
             workload=workload,
@@ -307,10 +323,7 @@ def rewrite(
             parallelism=parallelism,
             max_group_size=max_group_size,
         )
-        steps = RichSteps(err) if err.is_terminal else QuietSteps()
-        with _workdir(workdir) as directory, open_warehouse(directory) as wh:
-            body = run_rewrite_benchmark(parameters, wh, directory, steps)
-        _finish(build_report("rewrite", sys.argv, parameters.to_dict(), body), out, as_json)
+        _run_on_local_warehouse("rewrite", run_rewrite_benchmark, parameters, workdir, out, as_json)
 
     guarded(go)
 
@@ -354,9 +367,6 @@ def plan(
 
     def go() -> None:
         from compactor.bench.planning import plan_parameters, run_plan_benchmark
-        from compactor.bench.progress import QuietSteps, RichSteps
-        from compactor.bench.report import build_report
-        from compactor.bench.warehouse import open_warehouse
 
         parameters = plan_parameters(
             files=files,
@@ -367,9 +377,6 @@ def plan(
             target_file_size=target_file_size,
             allow_small_target=allow_small_target,
         )
-        steps = RichSteps(err) if err.is_terminal else QuietSteps()
-        with _workdir(workdir) as directory, open_warehouse(directory) as wh:
-            body = run_plan_benchmark(parameters, wh, directory, steps)
-        _finish(build_report("plan", sys.argv, parameters.to_dict(), body), out, as_json)
+        _run_on_local_warehouse("plan", run_plan_benchmark, parameters, workdir, out, as_json)
 
     guarded(go)

@@ -47,20 +47,19 @@ from pyiceberg.table.update import (
     SetSnapshotRefUpdate,
 )
 from pyiceberg.typedef import Record
-from pyiceberg.types import LongType, NestedField, StringType
 from pyroaring import BitMap
 
 from compactor.errors import UnsupportedTableError
 from compactor.iceberg.pyiceberg_compat import (
+    DV_MAGIC,
+    POSITION_DELETE_POS_ID,
     manifest_writer,
+    position_delete_schema,
     snapshot_manifests,
     write_manifest_list,
 )
 
-POSITION_DELETE_SCHEMA = Schema(
-    NestedField(2147483546, "file_path", StringType(), required=True),
-    NestedField(2147483545, "pos", LongType(), required=True),
-)
+POSITION_DELETE_SCHEMA = position_delete_schema()[0]
 # A position delete's file_path bounds in full, as Java writes them: equal bounds scope the
 # delete file to one data file.
 FULL_FILE_PATH_METRICS = {"write.metadata.metrics.column.file_path": "full"}
@@ -150,9 +149,6 @@ def write_position_delete_file(
 
 
 PUFFIN_MAGIC = b"PFA1"
-DV_MAGIC = bytes([0xD1, 0xD3, 0x39, 0x64])
-# The reserved field id of the row position (``_pos``) a deletion vector's blob names.
-ROW_POSITION_FIELD_ID = 2147483545
 
 
 def _deletion_vector_blob(positions: Iterable[int]) -> bytes:
@@ -192,7 +188,7 @@ def write_deletion_vectors(
         blobs.append(
             {
                 "type": "deletion-vector-v1",
-                "fields": [ROW_POSITION_FIELD_ID],
+                "fields": [POSITION_DELETE_POS_ID],
                 "snapshot-id": -1,
                 "sequence-number": -1,
                 "offset": offset,

@@ -480,7 +480,7 @@ _CONTENT_OFFSET = _V3_DATA_FILE_FIELDS.index("content_offset")
 _CONTENT_SIZE = _V3_DATA_FILE_FIELDS.index("content_size_in_bytes")
 _MANIFEST_FIRST_ROW_ID = _V3_MANIFEST_FIELDS.index("first_row_id")
 # A deletion-vector-v1 blob: length (4 bytes, big-endian), magic, the bitmap, CRC-32 (big-endian).
-_DV_MAGIC = bytes([0xD1, 0xD3, 0x39, 0x64])
+DV_MAGIC = bytes([0xD1, 0xD3, 0x39, 0x64])
 
 
 def _field(record: Record, position: int) -> Any:
@@ -737,7 +737,7 @@ def read_deletion_vector(io: FileIO, dv: DataFile) -> dict[str, pa.ChunkedArray]
         stream.seek(offset)
         blob = stream.read(size)
     length = int.from_bytes(blob[0:4], "big")
-    if len(blob) != size or length != size - 8 or blob[4:8] != _DV_MAGIC:
+    if len(blob) != size or length != size - 8 or blob[4:8] != DV_MAGIC:
         raise ValueError(f"the blob at offset {offset} is not a deletion-vector-v1 blob")
     if zlib.crc32(blob[4 : 4 + length]) != int.from_bytes(blob[4 + length :], "big"):
         raise ValueError(f"the deletion vector at offset {offset} fails its CRC check")

@@ -10,6 +10,7 @@ from pyiceberg.manifest import DataFileContent, ManifestFile
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
+from compactor.iceberg.pyiceberg_compat import manifest_entries
 from compactor.storage.paths import UnsafePathError, location_key
 
 MANIFEST_READERS = 8
@@ -91,7 +92,7 @@ def table_references(table: Table, snapshots: Iterable[Snapshot] | None = None) 
                 CONTENT_KINDS[e.data_file.content],
                 e.data_file.file_size_in_bytes,
             )
-            for e in manifest.fetch_manifest_entry(io, discard_deleted=True)
+            for e in manifest_entries(io, manifest, metadata.format_version)
         ]
 
     with ThreadPoolExecutor(MANIFEST_READERS) as pool:

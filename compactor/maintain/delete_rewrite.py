@@ -89,6 +89,7 @@ from compactor.iceberg.pyiceberg_compat import (
     FilePruner,
     PartitionPath,
     file_statistics,
+    manifest_entries,
     parquet_writer_kwargs,
     position_delete_schema,
 )
@@ -389,11 +390,11 @@ def _is_parquet_position_delete(delete_file: DataFile) -> bool:
 
 
 def _read_all(table: Table, manifests: list[ManifestFile]) -> list[tuple[str, ManifestEntry]]:
-    io = table.io
+    io, version = table.io, table.metadata.format_version
 
     def read(manifest: ManifestFile) -> list[tuple[str, ManifestEntry]]:
         path = manifest.manifest_path
-        return [(path, e) for e in manifest.fetch_manifest_entry(io, discard_deleted=True)]
+        return [(path, e) for e in manifest_entries(io, manifest, version)]
 
     with ThreadPoolExecutor(MANIFEST_READERS) as pool:
         return [item for items in pool.map(read, manifests) for item in items]

@@ -9,6 +9,7 @@ from typing import Any
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestFile
 from pyiceberg.table import Table
 
+from compactor.iceberg.pyiceberg_compat import manifest_entries
 from compactor.options import MIN_FILE_SIZE_RATIO
 from compactor.planning.planner import is_unpartitioned
 
@@ -145,7 +146,7 @@ class ManifestCache:
 def _manifest_counts(table: Table, manifest: ManifestFile, small: int) -> FileCounts:
     counts = FileCounts()
     specs, schema = table.metadata.specs(), table.schema()
-    for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+    for entry in manifest_entries(table.io, manifest, table.metadata.format_version):
         data_file = entry.data_file
         if data_file.content != DataFileContent.DATA:
             kind = delete_kind(data_file)

@@ -35,6 +35,7 @@ from pyiceberg.typedef import Record
 
 from compactor.errors import UsageError, first_line
 from compactor.iceberg.pyiceberg_compat import (
+    POSITION_DELETE_FILE_PATH_ID,
     DeleteFileIndex,
     FilePruner,
     delete_file_key,
@@ -46,8 +47,6 @@ from compactor.iceberg.pyiceberg_compat import (
 from compactor.options import RewriteOptions
 
 MANIFEST_READERS = 8
-# Field id of ``file_path`` in position delete files (the spec's reserved id).
-DELETE_FILE_PATH_ID = 2147483546
 
 
 @dataclass(frozen=True)
@@ -66,6 +65,13 @@ class TaskInput:
     @property
     def path(self) -> str:
         return self.data_file.file_path
+
+    @property
+    def lineage_sequence_number(self) -> int:
+        """What a v3 row without a ``_last_updated_sequence_number`` inherits."""
+        if self.file_sequence_number is None:
+            return self.data_sequence_number
+        return self.file_sequence_number
 
     @property
     def size(self) -> int:
@@ -282,7 +288,9 @@ def file_scoped_deleted_rows(data_file: DataFile, deletes: Iterable[DataFile]) -
             continue
         lower, upper = (d.lower_bounds or {}), (d.upper_bounds or {})
         if referenced_data_file(d) == data_file.file_path or (
-            lower.get(DELETE_FILE_PATH_ID) == upper.get(DELETE_FILE_PATH_ID) == path
+            lower.get(POSITION_DELETE_FILE_PATH_ID)
+            == upper.get(POSITION_DELETE_FILE_PATH_ID)
+            == path
         ):
             rows += d.record_count
     return min(rows, data_file.record_count)
@@ -360,11 +368,9 @@ def plan_rewrite(table: Table, identifier: str, options: RewriteOptions) -> Plan
         # A DV holds every deleted position of its file (writers merge older position deletes
         # into it), so readers ignore position delete files there, as Iceberg Java does.
         deletes = sorted(dvs or legacy, key=delete_file_key)
-        for delete_file in legacy if dvs else ():
-            delete_targets[delete_file_key(delete_file)].add(data_file.file_path)
-            delete_by_key[delete_file_key(delete_file)] = delete_file
         equality = equality_deletes.for_data_file(entry)
-        for delete_file in deletes + equality:
+        # Overridden position deletes still target the file: they go once it is rewritten.
+        for delete_file in [*deletes, *equality, *(legacy if dvs else ())]:
             key = delete_file_key(delete_file)
             if delete_file.content == DataFileContent.POSITION_DELETES or (
                 global_targets_complete or not is_unpartitioned(specs[delete_file.spec_id])

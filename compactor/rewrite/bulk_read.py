@@ -128,8 +128,12 @@ class BulkRead:
                 fragments = list(pool.map(self._fragment, chunk))
                 for f, fragment in zip(chunk, fragments, strict=True):
                     (self.files if fragment is not None else self.rest).append(f)
-                chosen = [fragment for fragment in fragments if fragment is not None]
-                if chosen:
+                # One scan per file system (data files may live in more than one bucket).
+                by_filesystem: dict[int, list[ds.ParquetFileFragment]] = {}
+                for fragment in fragments:
+                    if fragment is not None:
+                        by_filesystem.setdefault(id(fragment.filesystem), []).append(fragment)
+                for chosen in by_filesystem.values():
                     yield from self._scan(chosen)
 
     def _scan(self, fragments: list[ds.ParquetFileFragment]) -> Iterator[pa.RecordBatch]:

@@ -126,9 +126,7 @@ class _OrderedReader:
                 self._metadata,
                 f.data_file,
                 self._positions.get(f.path),
-                f.data_sequence_number
-                if f.file_sequence_number is None
-                else f.file_sequence_number,
+                f.lineage_sequence_number,
             ):
                 if drop is not None:
                     rows = batch.num_rows
