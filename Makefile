@@ -20,10 +20,10 @@ demo: venv  ## build a fragmented sample table in .compactor-demo/, compact it, 
 	COMPACTOR_HOME=$(DEMO_HOME) $(BIN)/compactor demo
 
 test: venv  ## run the whole test suite (starts the servers it needs by itself)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
 test-quick: venv  ## everything but the tests marked slow: the inner loop while developing
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup -m "not slow"
 
 lint: venv
 	$(BIN)/ruff check compactor tests

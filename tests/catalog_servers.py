@@ -633,6 +633,12 @@ def postgres_bindir() -> Path:
     found = _postgres_bindir()
     if found is not None:
         return found
+    # One installer at a time (parallel test workers); another may have finished meanwhile.
+    with file_lock(java_reader.cache_root().parent / "postgresql-install.lock"):
+        return _postgres_bindir() or _install_postgres()
+
+
+def _install_postgres() -> Path:
     apt = shutil.which("apt-get")
     if apt is None or os.geteuid() != 0:
         raise CatalogServerError(

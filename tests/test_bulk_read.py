@@ -112,3 +112,27 @@ def test_files_whose_columns_differ_from_the_schema_are_read_by_field_id(
     assert result.to_dict()["bulk_read_files"] == 2  # only the files of the current schema
     assert_same_rows(before, scan_rows(after))
     assert_java_reads_same(after)
+
+
+def test_rows_keep_the_order_of_the_inputs_across_both_read_paths(catalog: Catalog) -> None:
+    """Files read in bulk and files read each interleave in write order (clustering survives)."""
+    table = _table(catalog, appends=2)  # ids 0.. and 100..: "v" is renamed, so read each
+    with table.update_schema() as update:
+        update.rename_column("v", "w")
+    table = catalog.load_table("db.t")
+    for start in (200, 300, 400):
+        table.append(_rows(table, start))
+    with_delete = next(
+        f
+        for f in live_data_files(table).values()
+        if read_data_file(table, f)["id"][0].as_py() == 300
+    )
+    commit_delete_files(table, [write_position_delete_file(table, {with_delete: [1]})])
+
+    result, after, _ = compact_and_verify(catalog, "db.t")
+
+    assert result.to_dict()["bulk_read_files"] == 2  # ids 200.. and 400..
+    (written,) = live_data_files(after).values()
+    ids = read_data_file(after, written).column("id").to_pylist()
+    assert len(ids) == 5 * 40 - 1
+    assert ids == sorted(ids)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pyarrow as pa
@@ -100,6 +101,19 @@ def _mixed_rows(rng: random.Random, start: int, approx_bytes: int) -> dict[str, 
     return columns
 
 
+def _ten_megabytes_of_small_files(catalog: Catalog, properties: dict[str, str]) -> None:
+    """``db.t``: ~10 MB of appends in one partition, every file under 75% of 2 MiB."""
+    table = catalog.create_table("db.t", SCHEMA, partition_spec=SPEC, properties=properties)
+    rng = random.Random(10)
+    start = 0
+    while sum(f.file_size_in_bytes for f in live_data_files(table).values()) < 10 * 10**6:
+        columns = _mixed_rows(rng, start, 1 << 20)
+        start += len(columns["event_id"])
+        table.append(pa.table(columns, schema=table.schema().as_arrow()))
+    inputs = live_data_files(table)
+    assert all(f.file_size_in_bytes < 0.75 * parse_size("2MiB") for f in inputs.values())
+
+
 # pyiceberg's own append warns that it ignores the row group size property; compactor honours it.
 @pytest.mark.filterwarnings("ignore:Parquet writer option:UserWarning")
 @pytest.mark.parametrize(
@@ -113,18 +127,11 @@ def test_output_files_reach_the_target(
     """~10 MB of small files in one partition, target 2 MiB: every output file but the last
     of each group is within 10% of the target."""
     properties = {"write.parquet.row-group-size-bytes": row_group_size} if row_group_size else {}
-    table = catalog.create_table("db.t", SCHEMA, partition_spec=SPEC, properties=properties)
-    rng = random.Random(10)
+    _ten_megabytes_of_small_files(catalog, properties)
     target = parse_size("2MiB")
-    start = 0
-    while sum(f.file_size_in_bytes for f in live_data_files(table).values()) < 10 * 10**6:
-        columns = _mixed_rows(rng, start, 1 << 20)
-        start += len(columns["event_id"])
-        table.append(pa.table(columns, schema=table.schema().as_arrow()))
-    inputs = live_data_files(table)
-    assert all(f.file_size_in_bytes < 0.75 * target for f in inputs.values())
 
-    overrides = {"target_file_size": "2MiB"}
+    # One worker: the group is cut by max_group_size only (see the test below).
+    overrides = {"target_file_size": "2MiB", "parallelism": 1}
     if max_group_size:
         overrides["max_group_size"] = max_group_size
     result, after, _ = compact_and_verify(catalog, "db.t", **overrides)
@@ -139,3 +146,25 @@ def test_output_files_reach_the_target(
         assert sizes[-1] <= 1.1 * target, (sizes, target)
         for data_file in group_result.data_files:
             assert local_path(data_file.file_path).stat().st_size == data_file.file_size_in_bytes
+
+
+@pytest.mark.filterwarnings("ignore:Parquet writer option:UserWarning")
+def test_a_group_too_large_for_one_core_is_cut_in_write_order(catalog: Catalog) -> None:
+    """With two workers and one 10 MB group, each worker writes half: whole target files,
+    inputs in write order, and no more output files than one stream would write plus one."""
+    _ten_megabytes_of_small_files(catalog, {})
+    target = parse_size("2MiB")
+
+    result, after, _ = compact_and_verify(catalog, "db.t", target_file_size="2MiB", parallelism=2)
+
+    first, second = sorted(result.plan.groups, key=lambda g: g.files[0].data_sequence_number)
+    assert max(f.data_sequence_number for f in first.files) < min(
+        f.data_sequence_number for f in second.files
+    )
+    assert first.input_bytes >= 2 * target and second.input_bytes >= target
+    written = [f for g in result.committed for f in g.data_files]
+    assert len(written) <= math.ceil(sum(g.input_bytes for g in result.plan.groups) / target) + 1
+    for group_result in result.committed:
+        sizes = [f.file_size_in_bytes for f in group_result.data_files]
+        for size in sizes[:-1]:
+            assert abs(size - target) <= 0.1 * target, (sizes, target)

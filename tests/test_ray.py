@@ -60,7 +60,8 @@ if TYPE_CHECKING:
     from ray_cluster import RayCluster
     from s3_server import MotoS3, S3Bucket
 
-pytestmark = pytest.mark.slow  # left out by `make test-quick`
+# Slow (left out by `make test-quick`); one pytest-xdist worker runs them all, on one cluster.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
 pytest_plugins = ("s3_server",)
 
 COMPACTOR = Path(sys.executable).parent / "compactor"
@@ -77,7 +78,8 @@ WAIT_S = 240.0
 # The gate holds reads of each group's last input so that tasks stay in flight after writing a
 # file; bulk reading checks every input's footer before writing anything, so it is off here
 # (it runs inside the task the same way on any executor: tests/test_bulk_read.py).
-ON_RAY = ("--executor", "ray", "--parallelism", "4", "--no-bulk-read", "--ray-address")
+SAME_AS_RAY = ("--parallelism", "4", "--no-bulk-read")
+ON_RAY = (*SAME_AS_RAY, "--executor", "ray", "--ray-address")
 INTENT = re.compile(r"/compactor-intent-([0-9a-f]+)-t(\d+)-([0-9a-f]+)\.\d\.json$")
 OUTPUT = re.compile(r"/compactor-[0-9a-f]+-g(\d+)-\d+-[0-9a-f]+\.parquet$")
 RAN_ON = re.compile(r"ray: group (\d+) ran on node ([0-9a-f]+) \(([\d.]+)\)")
@@ -316,7 +318,8 @@ def test_ray_run_matches_threads_and_uses_both_nodes(
     gate.wait_for("two tasks to start", lambda: len(gate.intents) >= 2)
     gate.release()
     ray_run = finish(process)
-    threads_run = finish(start_cli(s3, "--executor", "threads", table=TWIN))
+    # The same settings but the executor: budgets (hence row groups) follow the parallelism.
+    threads_run = finish(start_cli(s3, *SAME_AS_RAY, "--executor", "threads", table=TWIN))
 
     assert_ran_everything(ray_run)
     assert_ran_everything(threads_run)

@@ -20,7 +20,7 @@ from helpers import (
     write_position_delete_file,
 )
 from pyiceberg.catalog import Catalog
-from pyiceberg.manifest import ManifestFile
+from pyiceberg.io.pyarrow import PyArrowFile
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
@@ -525,15 +525,17 @@ BY_REGION = PartitionSpec(
 
 @pytest.fixture
 def manifest_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Paths of the manifests read from storage, in order, however they are reached."""
+    """Paths of the manifests opened for reading from storage, in order, however they are reached."""
     reads: list[str] = []
-    original = ManifestFile.fetch_manifest_entry
+    original = PyArrowFile.open
 
-    def counting(self: ManifestFile, *args: Any, **kwargs: Any) -> Any:
-        reads.append(self.manifest_path)
+    def counting(self: PyArrowFile, *args: Any, **kwargs: Any) -> Any:
+        name = self.location.rsplit("/", 1)[-1]
+        if name.endswith(".avro") and not name.startswith("snap-"):
+            reads.append(self.location)
         return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(ManifestFile, "fetch_manifest_entry", counting)
+    monkeypatch.setattr(PyArrowFile, "open", counting)
     return reads
 
 

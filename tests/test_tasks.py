@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict
 from decimal import Decimal
 from pathlib import Path
@@ -283,7 +283,11 @@ def _outputs_by_partition(table: Table, result: compactor.RunResult) -> list[lis
     """Committed outputs as the table's manifests hold them, every field but the path."""
     live = live_data_files(table)
     files = [live[d.file_path] for r in result.committed for d in r.data_files]
-    rows = [[v for k, v in fields(f) if k != "file_path"] for f in files]
+    # Plain dicts: pyiceberg's lazy metric maps print their address, which would order at random.
+    rows = [
+        [dict(v) if isinstance(v, Mapping) else v for k, v in fields(f) if k != "file_path"]
+        for f in files
+    ]
     return sorted(rows, key=repr)
 
 

@@ -267,7 +267,9 @@ def run(
         int | None,
         typer.Option(
             help="Groups rewritten at once (default: one per core of this process; with "
-            "--executor ray, as many as the cluster schedules)."
+            "--executor ray, as many as the cluster schedules). While fewer groups than this "
+            "are planned, the largest one with two target files' worth of input or more is "
+            "cut in two, in write order."
         ),
     ] = None,
     commit_every: Annotated[

@@ -261,7 +261,8 @@ def rewrite(
         int | None,
         typer.Option(
             help="compactor's --parallelism (groups rewritten at once) in its phase. Default: "
-            "one per core. An unpartitioned table is one group unless --max-group-size cuts it."
+            "one per core. An unpartitioned table is one group, cut in two while workers "
+            "would idle once it holds two target files' worth, or by --max-group-size."
         ),
     ] = None,
     max_group_size: Annotated[

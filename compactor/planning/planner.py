@@ -13,7 +13,7 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pyiceberg.expressions import AlwaysTrue, BooleanExpression
@@ -416,6 +416,7 @@ def plan_rewrite(table: Table, identifier: str, options: RewriteOptions) -> Plan
             else:
                 groups.append(group)
 
+    groups = _split_for_idle_workers(groups, options)
     # Most fragmented first: with partial progress, the worst partitions are committed first.
     groups.sort(key=lambda g: (-len(g.files), -g.input_bytes, g.partition_path))
     for number, group in enumerate(groups):
@@ -435,6 +436,40 @@ def plan_rewrite(table: Table, identifier: str, options: RewriteOptions) -> Plan
         if (targets & planned or not targets) and key not in incomplete
     }
     return plan
+
+
+def _split_for_idle_workers(groups: list[FileGroup], options: RewriteOptions) -> list[FileGroup]:
+    """Cut large groups in two while workers would otherwise idle.
+
+    A group is one output stream on one core: a table that compacts into one group (an
+    unpartitioned table, say) would leave every other core idle. While there are fewer groups
+    than ``options.parallelism``, the largest group with at least two target files' worth of
+    input is cut, in write order, after the whole number of target files nearest half its
+    input, so that both halves still write target-size files (each half ends with a partial file, as every group
+    does: a cut adds at most one). Halves that would not be worth rewriting on their own stay
+    together.
+    """
+    workers, target = options.parallelism or 1, options.target_file_size
+    result, whole_groups = list(groups), []
+    while len(result) + len(whole_groups) < workers:
+        splittable = [g for g in result if g.input_bytes >= 2 * target and len(g.files) >= 2]
+        if not splittable:
+            break
+        group = max(splittable, key=lambda g: g.input_bytes)
+        result.remove(group)
+        cut_at, size, half = 0, 0, max(1, round(group.input_bytes / target / 2)) * target
+        while size < half:
+            size += group.files[cut_at].size
+            cut_at += 1
+        halves = [
+            replace(group, files=group.files[:cut_at]),
+            replace(group, files=group.files[cut_at:]),
+        ]
+        if all(h.files and _skip_reason(h, options) is None for h in halves):
+            result.extend(halves)
+        else:
+            whole_groups.append(group)
+    return result + whole_groups
 
 
 def _skip_reason(group: FileGroup, options: RewriteOptions) -> str | None:

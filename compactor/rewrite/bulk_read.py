@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -46,7 +47,7 @@ MAX_FILES_AHEAD = 8
 # Files are read ahead only when this many of them fit the read-ahead budget.
 TINY_FILE_FACTOR = 256
 # Files whose footers are read and checked, then scanned, at a time (bounds cached footers).
-CHUNK_FILES = 512
+CHUNK_FILES = 128
 FORMAT = ds.ParquetFileFormat()
 _WIDTHS = {pa.large_string(): pa.string(), pa.large_binary(): pa.binary()}
 
@@ -56,17 +57,41 @@ def _signature(schema: pa.Schema) -> dict[str, tuple[bytes | None, pa.DataType]]
     return {f.name: ((f.metadata or {}).get(FIELD_ID), _WIDTHS.get(f.type, f.type)) for f in schema}
 
 
+@dataclass(frozen=True)
+class BulkDone:
+    """The batches since the previous marker hold the rows of ``files``, read in bulk."""
+
+    files: list[TaskInput]
+
+    @property
+    def records(self) -> int:
+        """Rows the manifests record for ``files``."""
+        return sum(f.data_file.record_count for f in self.files)
+
+
+@dataclass(frozen=True)
+class ReadEach:
+    """``files`` come next and go through the Iceberg read path, file by file."""
+
+    files: list[TaskInput]
+
+
+Item = pa.RecordBatch | BulkDone | ReadEach
+
+
 class BulkRead:
-    """Reads the inputs of a group that can be read at once; the others are left in :attr:`rest`.
+    """A group's inputs in plan order: runs read in bulk, and runs left to the Iceberg read path.
 
     ``expected`` is the Arrow schema the group's output is written in (field ids in the field
-    metadata). Batches come out in that schema, ready to be written without projection.
+    metadata). :meth:`items` yields the rows of bulk runs as batches in that schema, ready to be
+    written without projection, each run followed by a :class:`BulkDone`; the other inputs come
+    as :class:`ReadEach` markers, at their place in the plan, so that rows keep the order of
+    the inputs (the order they were written in: what keeps compacted files clustered).
     Candidates are taken CHUNK_FILES at a time: their footers are read (in threads) and
-    checked, then those that pass are scanned together, holding about ``read_ahead`` bytes of
-    decoded rows (files and batches read ahead are sized from the footers; measured, not
-    merely configured: see tests/test_memory_limit.py). Files that fail the
-    check join :attr:`rest`, complete once :meth:`batches` is exhausted. Not ``enabled``, or
-    on a FileIO other than pyiceberg's pyarrow one, every input is in :attr:`rest`.
+    checked, then consecutive files that pass are scanned together, holding about
+    ``read_ahead`` bytes of decoded rows (files and batches read ahead are sized from the
+    footers; measured, not merely configured: see tests/test_memory_limit.py). Not
+    ``enabled``, or on a FileIO other than pyiceberg's pyarrow one, every input is read each.
     """
 
     def __init__(
@@ -79,24 +104,18 @@ class BulkRead:
         *,
         enabled: bool = True,
     ) -> None:
-        self._io, self._expected, self._read_ahead = io, expected, read_ahead
+        self._io, self._inputs = io, list(inputs)
+        self._expected, self._read_ahead = expected, read_ahead
         self._wanted = _signature(expected)
-        self.files: list[TaskInput] = []
-        self.rest: list[TaskInput] = list(inputs)
-        self._candidates: list[TaskInput] = []
-        if not enabled or not isinstance(io, PyArrowFileIO) or metadata.format_version > 2:
-            return
-        if any(pa.types.is_nested(f.type) for f in expected):
-            return
-        small = [f for f in inputs if _plain(f) and f.size * FILES_IN_BUDGET <= read_ahead]
-        self._candidates = small
-        chosen = {id(f) for f in small}
-        self.rest = [f for f in inputs if id(f) not in chosen]
+        self._enabled = (
+            enabled
+            and isinstance(io, PyArrowFileIO)
+            and metadata.format_version <= 2
+            and not any(pa.types.is_nested(f.type) for f in expected)
+        )
 
-    @property
-    def expected_records(self) -> int:
-        """Rows the manifests record for the files read so far."""
-        return sum(f.data_file.record_count for f in self.files)
+    def _candidate(self, f: TaskInput) -> bool:
+        return self._enabled and _plain(f) and f.size * FILES_IN_BUDGET <= self._read_ahead
 
     def _fragment(self, f: TaskInput) -> ds.ParquetFileFragment | None:
         """``f`` as a scanner fragment if reading it by name is reading it by field id."""
@@ -110,31 +129,55 @@ class BulkRead:
             raise DataFileError(f"data file {f.path}: {first_line(exc)}") from exc
         return fragment if all(found.get(n) == s for n, s in self._wanted.items()) else None
 
-    def batches(self, between: Callable[[], None]) -> Iterator[pa.RecordBatch]:
-        """The rows of the files read in bulk; ``between`` runs after each batch.
+    def items(self) -> Iterator[Item]:
+        """The inputs' batches and markers, in plan order.
 
-        They are read in a thread of their own, at most ``read_ahead`` bytes ahead, so that
+        They are produced in a thread of their own, at most ``read_ahead`` bytes ahead, so that
         decoding the next rows overlaps with encoding these (pyarrow releases the GIL for both).
+        The thread waits while the consumer reads a :class:`ReadEach` run, whose reader has a
+        read-ahead of its own.
         """
-        for batch in _ahead(self._read(), self._read_ahead):
-            yield batch
-            between()
+        return _ahead(self._produce(), self._read_ahead)
 
-    def _read(self) -> Iterator[pa.RecordBatch]:
-        candidates = self._candidates
+    def _produce(self) -> Iterator[Item]:
+        inputs, start = self._inputs, 0
         with ThreadPoolExecutor(FOOTER_READERS) as pool:
-            for start in range(0, len(candidates), CHUNK_FILES):
-                chunk = candidates[start : start + CHUNK_FILES]
+            while start < len(inputs):
+                end = start + 1
+                bulk = self._candidate(inputs[start])
+                limit = start + CHUNK_FILES if bulk else len(inputs)
+                while end < min(limit, len(inputs)) and self._candidate(inputs[end]) == bulk:
+                    end += 1
+                chunk, start = inputs[start:end], end
+                if not bulk:
+                    yield ReadEach(chunk)
+                    continue
                 fragments = list(pool.map(self._fragment, chunk))
-                for f, fragment in zip(chunk, fragments, strict=True):
-                    (self.files if fragment is not None else self.rest).append(f)
+                yield from self._runs(chunk, fragments)
+
+    def _runs(
+        self, chunk: list[TaskInput], fragments: list[ds.ParquetFileFragment | None]
+    ) -> Iterator[Item]:
+        """Consecutive files of ``chunk`` scanned together where they can be, in order."""
+        i = 0
+        while i < len(chunk):
+            j = i + 1
+            first = fragments[i]
+            if first is None:
+                while j < len(chunk) and fragments[j] is None:
+                    j += 1
+                yield ReadEach(chunk[i:j])
+            else:
                 # One scan per file system (data files may live in more than one bucket).
-                by_filesystem: dict[int, list[ds.ParquetFileFragment]] = {}
-                for fragment in fragments:
-                    if fragment is not None:
-                        by_filesystem.setdefault(id(fragment.filesystem), []).append(fragment)
-                for chosen in by_filesystem.values():
-                    yield from self._scan(chosen)
+                while (
+                    j < len(chunk)
+                    and (fragment := fragments[j]) is not None
+                    and fragment.filesystem is first.filesystem
+                ):
+                    j += 1
+                yield from self._scan([f for f in fragments[i:j] if f is not None])
+                yield BulkDone(chunk[i:j])
+            i = j
 
     def _scan(self, fragments: list[ds.ParquetFileFragment]) -> Iterator[pa.RecordBatch]:
         dataset = ds.FileSystemDataset(fragments, self._expected, FORMAT, fragments[0].filesystem)
@@ -158,32 +201,42 @@ class BulkRead:
         )
 
 
-def _ahead(batches: Iterator[pa.RecordBatch], budget: int) -> Iterator[pa.RecordBatch]:
-    """``batches``, produced in a thread at most ``budget`` bytes ahead of the consumer.
+def _weight(item: Item, budget: int) -> int:
+    """Bytes ``item`` holds while queued or in use; a ReadEach run holds the whole budget."""
+    if isinstance(item, pa.RecordBatch):
+        return item.nbytes
+    return budget if isinstance(item, ReadEach) else 0
 
-    An error in the thread is raised to the consumer; a consumer that stops early stops the
-    thread (and closes ``batches``) before this generator finishes closing.
+
+def _ahead(items: Iterator[Item], budget: int) -> Iterator[Item]:
+    """``items``, produced in a thread at most ``budget`` bytes ahead of the consumer.
+
+    An item counts until the consumer asks for the next one. An error in the thread is raised
+    to the consumer; a consumer that stops early stops the thread (and closes ``items``)
+    before this generator finishes closing.
     """
-    ready: deque[pa.RecordBatch] = deque()
-    state = {"held": 0, "done": False, "stop": False}
+    ready: deque[Item] = deque()
+    state = {"held": 0, "in_use": 0, "done": False, "stop": False}
     errors: list[BaseException] = []
     changed = threading.Condition()
 
     def produce() -> None:
         try:
-            for batch in batches:
+            for item in items:
                 with changed:
-                    while state["held"] >= budget and ready and not state["stop"]:
+                    while (
+                        state["held"] >= budget and (ready or state["in_use"]) and not state["stop"]
+                    ):
                         changed.wait()
                     if state["stop"]:
                         return
-                    ready.append(batch)
-                    state["held"] += batch.nbytes
+                    ready.append(item)
+                    state["held"] += _weight(item, budget)
                     changed.notify_all()
         except BaseException as exc:  # handed to the consumer
             errors.append(exc)
         finally:
-            close = getattr(batches, "close", None)
+            close = getattr(items, "close", None)
             if close is not None:
                 close()
             with changed:
@@ -199,10 +252,13 @@ def _ahead(batches: Iterator[pa.RecordBatch], budget: int) -> Iterator[pa.Record
                     changed.wait()
                 if not ready:
                     break
-                batch = ready.popleft()
-                state["held"] -= batch.nbytes
+                item = ready.popleft()
+                state["in_use"] = _weight(item, budget)
+            yield item
+            with changed:
+                state["held"] -= state["in_use"]
+                state["in_use"] = 0
                 changed.notify_all()
-            yield batch
         if errors:
             raise errors[0]
     finally:

@@ -25,7 +25,7 @@ from compactor.iceberg.pyiceberg_compat import (
     read_position_deletes,
 )
 from compactor.options import STREAM_FILE_THRESHOLD
-from compactor.rewrite.bulk_read import BulkRead
+from compactor.rewrite.bulk_read import BulkDone, BulkRead
 from compactor.rewrite.equality_deletes import EqualityDeleteApplier
 from compactor.rewrite.parquet_output import OutputSpec, RollingParquetWriter
 from compactor.storage.deleter import delete_files
@@ -92,7 +92,7 @@ def _deleted_count(positions: list[pa.ChunkedArray] | None, record_count: int) -
 
 
 class _OrderedReader:
-    """Yields the groups' rows file by file, in plan order, reading small files ahead in threads.
+    """Reads inputs through the Iceberg read path, file by file, small files ahead in threads.
 
     At most ``read_ahead`` bytes of decoded rows are in flight, estimated as DECODED_PER_STORED
     times the files' sizes; files estimated at a quarter of that or more (or of
@@ -110,7 +110,7 @@ class _OrderedReader:
         read_ahead: int,
     ) -> None:
         self._io, self._metadata, self._positions = io, metadata, positions
-        self._files, self._read_ahead = files, read_ahead
+        self._read_ahead = read_ahead
         self._equality = EqualityDeleteApplier(
             io, metadata.schema(), files, equality_sequence_numbers
         )
@@ -143,18 +143,17 @@ class _OrderedReader:
         return list(self._stream(f))
 
     def batches(
-        self,
+        self, files: Sequence[TaskInput]
     ) -> Iterator[tuple[TaskInput, list[pa.RecordBatch] | Iterator[pa.RecordBatch]]]:
+        """Each of ``files`` (some of the inputs) with its live rows, in order."""
         pending: deque[tuple[TaskInput, Future[list[pa.RecordBatch]] | None]] = deque()
         in_flight = 0
         index = 0
         with ThreadPoolExecutor(READ_THREADS) as pool:
             try:
-                while index < len(self._files) or pending:
-                    while index < len(self._files) and (
-                        not pending or in_flight < self._read_ahead
-                    ):
-                        f = self._files[index]
+                while index < len(files) or pending:
+                    while index < len(files) and (not pending or in_flight < self._read_ahead):
+                        f = files[index]
                         index += 1
                         decoded = f.size * DECODED_PER_STORED
                         if f.size >= STREAM_FILE_THRESHOLD or 4 * decoded >= self._read_ahead:
@@ -172,6 +171,32 @@ class _OrderedReader:
                 for _, future in pending:
                     if future is not None:
                         future.cancel()
+
+
+def _read_each(
+    reader: _OrderedReader,
+    files: Sequence[TaskInput],
+    positions: dict[str, list[pa.ChunkedArray]],
+    writer: RollingParquetWriter,
+    result: Rewritten,
+    between_files: Callable[[], None],
+) -> None:
+    """Write the live rows of ``files`` read through the Iceberg read path, checking counts."""
+    for f, batches in reader.batches(files):
+        rows = 0
+        for batch in batches:
+            rows += batch.num_rows
+            writer.write(batch)
+        deleted = _deleted_count(positions.get(f.path), f.data_file.record_count)
+        deleted += reader.equality_deleted.get(f.path, 0)
+        if rows + deleted != f.data_file.record_count:
+            raise DataFileError(
+                f"data file {f.path}: read {rows} live rows + {deleted} deleted, "
+                f"but the manifest records {f.data_file.record_count}"
+            )
+        result.records_read += rows
+        result.rows_deleted += deleted
+        between_files()
 
 
 def rewrite_files(
@@ -197,41 +222,30 @@ def rewrite_files(
     writer = RollingParquetWriter(out, on_create=on_file_created)
     result = Rewritten()
     try:
-        bulk = BulkRead(
-            out.io, out.metadata, inputs, writer.arrow_schema, read_ahead, enabled=bulk_read
-        )
-        rows = 0
-        for batch in bulk.batches(between_files):
-            rows += batch.num_rows
-            writer.write(batch)
-        if bulk.files:
-            if rows != bulk.expected_records:
-                raise DataFileError(
-                    f"{label}: read {rows} rows from {len(bulk.files)} files, but the "
-                    f"manifests record {bulk.expected_records}"
-                )
-            result.records_read += rows
-            result.bulk_read_files = len(bulk.files)
-        inputs = bulk.rest
         positions = _positions_by_file(out.io, inputs)
         reader = _OrderedReader(
             out.io, out.metadata, inputs, positions, equality_sequence_numbers, read_ahead
         )
-        for f, batches in reader.batches():
-            rows = 0
-            for batch in batches:
-                rows += batch.num_rows
-                writer.write(batch)
-            deleted = _deleted_count(positions.get(f.path), f.data_file.record_count)
-            deleted += reader.equality_deleted.get(f.path, 0)
-            if rows + deleted != f.data_file.record_count:
-                raise DataFileError(
-                    f"data file {f.path}: read {rows} live rows + {deleted} deleted, "
-                    f"but the manifest records {f.data_file.record_count}"
-                )
-            result.records_read += rows
-            result.rows_deleted += deleted
-            between_files()
+        bulk = BulkRead(
+            out.io, out.metadata, inputs, writer.arrow_schema, read_ahead, enabled=bulk_read
+        )
+        bulk_rows = 0
+        for item in bulk.items():
+            if isinstance(item, pa.RecordBatch):
+                bulk_rows += item.num_rows
+                writer.write(item)
+                between_files()
+            elif isinstance(item, BulkDone):
+                if bulk_rows != item.records:
+                    raise DataFileError(
+                        f"{label}: read {bulk_rows} rows from {len(item.files)} files, but the "
+                        f"manifests record {item.records}"
+                    )
+                result.records_read += bulk_rows
+                result.bulk_read_files += len(item.files)
+                bulk_rows = 0
+            else:
+                _read_each(reader, item.files, positions, writer, result, between_files)
         result.data_files = writer.close()
         if writer.records_written != result.records_read:
             raise DataFileError(
