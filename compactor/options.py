@@ -45,15 +45,20 @@ DEFAULT_DELETE_RATIO_THRESHOLD = 0.3
 DEFAULT_MAX_GROUP_SIZE = 100 * GiB
 DEFAULT_ROW_GROUP_SIZE = 128 * MiB
 # Memory: a run aims to keep its process's resident memory under --memory-limit. Past a fixed
-# allowance for the interpreter and libraries, each worker gets an equal share split in three
-# (ClickHouse's S3 insert guide: buffer ~ limit / (3 x workers)): rows read ahead of the writer,
-# the row group being filled (an in-memory budget: at most the table's row-group size), and
-# room for decoding and encoding.
+# allowance for the interpreter and libraries, each worker costs a fixed overhead plus three
+# equal shares (ClickHouse's S3 insert guide: buffer ~ limit / (3 x workers)): rows read ahead
+# of the writer, the row group being filled (an in-memory budget: at most the table's
+# row-group size), and room for decoding and encoding.
 DEFAULT_MEMORY_LIMIT = 384 * MiB
 PROCESS_ALLOWANCE = 160 * MiB
-MIN_MEMORY_LIMIT = PROCESS_ALLOWANCE + 48 * MiB
-# The smallest share of one worker; fewer workers run when the limit allows no more.
-MIN_WORKER_MEMORY = 48 * MiB
+# A worker's cost beyond its shares: the Parquet reader's and writer's per-column state and
+# its threads' heaps. Measured 85-105 MB on TPC-DS store_sales (23 columns); narrower tables
+# use less.
+WORKER_OVERHEAD = 96 * MiB
+MIN_SHARE = 16 * MiB
+# The least one worker gets; fewer workers run when the limit allows no more.
+MIN_WORKER_MEMORY = WORKER_OVERHEAD + 3 * MIN_SHARE
+MIN_MEMORY_LIMIT = PROCESS_ALLOWANCE + MIN_WORKER_MEMORY
 # Decoded input bytes each worker may hold ahead of the writer, when no limit is computed.
 DEFAULT_READ_AHEAD = 64 * MiB
 # Files at least this large are streamed batch by batch instead of being read ahead whole.
@@ -342,11 +347,14 @@ def resolve_options(table: str, table_properties: dict[str, str], **options: Any
                 "memory_limit",
             )
     # Threads default to this process's cores, fewer if the memory limit allows no more; a
-    # Ray cluster schedules by its own resources (the limit is then per worker process).
+    # Ray cluster schedules by its own resources, one task per worker process (the limit is
+    # then per process). More threads than the limit allows get the minimum share each.
     workers = given.parallelism
     if workers is None and given.executor == "threads":
         workers = min(default_parallelism(), (limit - PROCESS_ALLOWANCE) // MIN_WORKER_MEMORY)
-    share = (limit - PROCESS_ALLOWANCE) // (3 * (workers or 1))
+    in_process = workers if workers and given.executor == "threads" else 1
+    spare = limit - PROCESS_ALLOWANCE - in_process * WORKER_OVERHEAD
+    share = max(MIN_SHARE, spare // (3 * in_process))
     row_group = _int_property(table_properties, ROW_GROUP_SIZE_PROPERTY, table)
     row_group = row_group if row_group and row_group > 0 else DEFAULT_ROW_GROUP_SIZE
     return RewriteOptions(

@@ -148,6 +148,7 @@ REWRITE_SCHEMA = {
         "groups": int,
         "parallelism": int,
         "max_group_size": int,
+        "memory_limit": int,
         "records_written": int,
         "rows_deleted": int,
     },
@@ -424,9 +425,11 @@ def test_rewrite_workload_presets_expand_and_explicit_flags_override_them() -> N
         allow_small_target=True,
         parallelism=3,
         max_group_size="8MB",
+        memory_limit="1GiB",
     )
     assert (small.scale_factor, small.files, small.commits) == (0.01, 120, 3)
     assert (small.target_file_size, small.parallelism, small.max_group_size) == ("4MB", 3, "8MB")
+    assert small.memory_limit == "1GiB"
     assert rewrite_parameters(workload="large", files=40).commits == 40
     assert rewrite_parameters(workload="large", files=40, commits=4).commits == 4
     # Without a workload: by size, as before; or --files alone, one file per commit.
@@ -441,6 +444,7 @@ def test_rewrite_workload_presets_expand_and_explicit_flags_override_them() -> N
         ({"files": 10, "commits": 20}, "commits"),
         ({"workload": "large", "parallelism": 0}, "parallelism"),
         ({"workload": "large", "max_group_size": "100MB"}, "max_group_size"),
+        ({"workload": "large", "memory_limit": "100MiB"}, "memory_limit"),
     ):
         with pytest.raises(UsageError, match=culprit):
             rewrite_parameters(**wrong)  # type: ignore[arg-type]
@@ -473,9 +477,12 @@ def test_rewrite_bench_workload_reports_both_floors_and_compactor_against_each(
         "--allow-small-target",
         "--parallelism",
         "1",
+        "--memory-limit",
+        "320MiB",
     )
 
     assert_schema(report, REWRITE_SCHEMA)
+    assert report["compactor"]["memory_limit"] == 320 * 2**20
     parameters = report["parameters"]
     assert (parameters["workload"], parameters["files"], parameters["commits"]) == ("tiny", 40, 4)
     assert parameters["input_size"] is None and parameters["parallelism"] == 1

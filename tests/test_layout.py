@@ -100,7 +100,9 @@ def test_a_job_file_section_resolves_like_the_same_keywords() -> None:
 
 
 def test_parallelism_defaults_to_local_cores_for_threads_and_to_the_cluster_for_ray() -> None:
-    assert resolve_options("db.t", {}).parallelism == default_parallelism()
+    assert resolve_options("db.t", {}, memory_limit="8GiB").parallelism == default_parallelism()
+    # Fewer when the memory limit allows no more (one worker under the default limit).
+    assert resolve_options("db.t", {}).parallelism == 1
     assert resolve_options("db.t", {}, executor="ray").parallelism is None
     assert resolve_options("db.t", {}, executor="ray", parallelism=3).parallelism == 3
 

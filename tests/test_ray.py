@@ -512,13 +512,13 @@ print(json.dumps(report))
 
 @pytest.mark.parametrize("where", ["cluster", "local"])
 def test_connection_is_shared_and_closed_by_its_owner(
-    where: str, ray_cluster: RayCluster, tmp_path: Path
+    where: str, cluster: RayCluster, tmp_path: Path
 ) -> None:
-    env = {k: v for k, v in ray_cluster.env.items()}
+    env = {k: v for k, v in cluster.env.items()}
     env["HOME"] = str(tmp_path)
     if where == "cluster":
-        env["RAY_ADDRESS"] = ray_cluster.address
-        expected = sorted(node.ip for node in ray_cluster.nodes)
+        env["RAY_ADDRESS"] = cluster.address
+        expected = sorted(node.ip for node in cluster.nodes)
     else:
         # Ray on Linux advertises the machine's routable address for a local Ray, unless
         # multi-node clusters are off: keep this one on loopback, in a temp dir of its own.

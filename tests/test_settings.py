@@ -38,20 +38,27 @@ def test_the_memory_limit_sizes_each_workers_buffers_and_caps_the_workers(
     monkeypatch.setattr(settings, "default_parallelism", lambda: 8)
     mib = settings.MiB
 
-    tight = settings.resolve_options("db.t", {}, memory_limit="256MiB")
+    tight = settings.resolve_options("db.t", {}, memory_limit="448MiB")
     roomy = settings.resolve_options("db.t", {}, memory_limit="4GiB")
-    pinned = settings.resolve_options("db.t", {}, memory_limit="256MiB", parallelism=1)
+    pinned = settings.resolve_options("db.t", {}, memory_limit="448MiB", parallelism=1)
+    crowded = settings.resolve_options("db.t", {}, memory_limit="448MiB", parallelism=8)
+    on_ray = settings.resolve_options(
+        "db.t", {}, memory_limit="448MiB", parallelism=4, executor="ray"
+    )
 
-    # 96 MiB past the process allowance: two workers of 48 MiB, in thirds of 16 MiB.
+    # 288 MiB past the process allowance: two workers of 96 MiB overhead + three 16 MiB shares.
     assert (tight.parallelism, tight.read_ahead, tight.row_group_size) == (2, 16 * mib, 16 * mib)
     assert roomy.parallelism == 8
     assert roomy.row_group_size == settings.DEFAULT_ROW_GROUP_SIZE  # the table's size caps it
-    assert (pinned.parallelism, pinned.read_ahead) == (1, 32 * mib)
+    assert (pinned.parallelism, pinned.read_ahead) == (1, 64 * mib)  # (288 - 96) / 3
+    assert (crowded.parallelism, crowded.read_ahead) == (8, settings.MIN_SHARE)
+    # Each Ray task runs in a process of its own: the limit is that process's.
+    assert (on_ray.parallelism, on_ray.read_ahead) == (4, 64 * mib)
     assert settings.resolve_options("db.t", {}).memory_limit == settings.DEFAULT_MEMORY_LIMIT
 
 
 def test_a_memory_limit_below_the_minimum_is_a_usage_error_naming_it() -> None:
     with pytest.raises(
-        settings.UsageError, match=r"^memory_limit: 100.0 MiB is below the minimum 208.0 MiB"
+        settings.UsageError, match=r"^memory_limit: 100.0 MiB is below the minimum 304.0 MiB"
     ):
         settings.resolve_options("db.t", {}, memory_limit="100MiB")

@@ -132,6 +132,7 @@ class RewriteParameters:
     commits: int | None = None
     parallelism: int | None = None
     max_group_size: str | None = None
+    memory_limit: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dict(vars(self))
@@ -150,6 +151,7 @@ def rewrite_parameters(
     equality_deletes: float = 0.0,
     parallelism: int | None = None,
     max_group_size: str | None = None,
+    memory_limit: str | None = None,
 ) -> RewriteParameters:
     """``bench rewrite``'s options, a workload's preset filled in under the ones given.
 
@@ -203,7 +205,8 @@ def rewrite_parameters(
         raise UsageError(
             f"--equality-deletes {equality_deletes}: must be in [0, 1)", "equality_deletes"
         )
-    # Checks the target, --max-group-size and --parallelism as compactor run would.
+    # Checks the target, --max-group-size, --parallelism and --memory-limit as compactor run
+    # would.
     resolve_options(
         "tpcds",
         {},
@@ -211,6 +214,7 @@ def rewrite_parameters(
         allow_small_target=allow_small_target,
         max_group_size=max_group_size,
         parallelism=parallelism,
+        memory_limit=memory_limit,
     )
     return RewriteParameters(
         scale_factor=scale_factor,
@@ -224,6 +228,7 @@ def rewrite_parameters(
         commits=commits,
         parallelism=parallelism,
         max_group_size=max_group_size,
+        memory_limit=memory_limit,
     )
 
 
@@ -342,6 +347,7 @@ def compactor_phase(
     allow_small_target: bool,
     parallelism: int | None = None,
     max_group_size: str | None = None,
+    memory_limit: str | None = None,
 ) -> dict[str, Any]:
     """Compact ``tpcds.store_sales`` with compactor's defaults and the options given."""
     from pyiceberg.catalog.sql import SqlCatalog
@@ -358,6 +364,7 @@ def compactor_phase(
         allow_small_target=allow_small_target,
         parallelism=parallelism,
         max_group_size=max_group_size,
+        memory_limit=memory_limit,
     )
     usage = PhaseUsage()
     result = compact(table, identifier, options)
@@ -368,6 +375,7 @@ def compactor_phase(
         "groups": len(result.plan.groups),
         "parallelism": options.parallelism,
         "max_group_size": options.max_group_size,
+        "memory_limit": options.memory_limit,
         "records_written": sum(r.records_read for r in result.committed),
         "rows_deleted": sum(r.rows_deleted for r in result.committed),
     }
@@ -607,6 +615,7 @@ def run_rewrite_benchmark(
                 parameters.allow_small_target,
                 parameters.parallelism,
                 parameters.max_group_size,
+                parameters.memory_limit,
             )
         )
     compared = ratios(compacted, floor_1, floor_2)

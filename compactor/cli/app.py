@@ -299,9 +299,10 @@ def run(
     memory_limit: Annotated[
         str | None,
         typer.Option(
-            help="Resident memory this run aims to stay under, e.g. 1GiB (default 384MiB). It "
-            "sets the buffers of each worker and, without --parallelism, how many run at once. "
-            "With --executor ray: per Ray worker process."
+            help="Resident memory this run aims to stay under, e.g. 1GiB (default 384MiB, at "
+            "least 304MiB). It sets the buffers of each worker and, without --parallelism, how "
+            "many run at once: one per 144MiB past 160MiB (two from 448MiB). With --executor "
+            "ray: per Ray worker process."
         ),
     ] = None,
     bulk_read: Annotated[

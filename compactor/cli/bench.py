@@ -272,6 +272,13 @@ def rewrite(
             "a table larger than it is rewritten as several groups, --parallelism at once."
         ),
     ] = None,
+    memory_limit: Annotated[
+        str | None,
+        typer.Option(
+            help="compactor's --memory-limit in its phase (default compactor's, 384MiB): with "
+            "--parallelism, what each worker's buffers get."
+        ),
+    ] = None,
     equality_deletes: Annotated[
         float,
         typer.Option(
@@ -323,6 +330,7 @@ def rewrite(
             equality_deletes=equality_deletes,
             parallelism=parallelism,
             max_group_size=max_group_size,
+            memory_limit=memory_limit,
         )
         _run_on_local_warehouse("rewrite", run_rewrite_benchmark, parameters, workdir, out, as_json)
 
