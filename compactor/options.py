@@ -37,6 +37,10 @@ MAX_TARGET_FILE_SIZE = 512 * MiB
 # A data file is a candidate when under 75% or over 180% of the target (as in Iceberg Java).
 MIN_FILE_SIZE_RATIO = 0.75
 MAX_FILE_SIZE_RATIO = 1.80
+# The order groups are rewritten (and, with partial progress, committed) in: Spark's
+# rewrite-job-order values, and compactor's default, most files first.
+REWRITE_JOB_ORDERS = ("most-fragmented", "bytes-asc", "bytes-desc", "files-asc", "files-desc")
+DEFAULT_REWRITE_JOB_ORDER = "most-fragmented"
 DEFAULT_MIN_INPUT_FILES = 5
 # Files with many deletes are candidates even when right-sized (as Spark's rewrite_data_files):
 # at least N delete files (off unless given), or deleted rows >= this share of the file's rows.
@@ -125,6 +129,28 @@ class RewriteOptions:
     ray_address: str | None = None
     bulk_read: bool = True
     memory_limit: int = DEFAULT_MEMORY_LIMIT
+    # Files below min_file_size or above max_file_size are candidates (Spark's names); 0 and
+    # None: MIN_FILE_SIZE_RATIO and MAX_FILE_SIZE_RATIO of the target.
+    min_file_size_given: int | None = None
+    max_file_size_given: int | None = None
+    rewrite_all: bool = False
+    max_files_to_rewrite: int | None = None
+    rewrite_job_order: str = DEFAULT_REWRITE_JOB_ORDER
+    warnings: tuple[str, ...] = ()  # one line each, e.g. a table property replaced by a bound
+
+    @property
+    def min_file_size(self) -> int:
+        """Files below this size are candidates."""
+        if self.min_file_size_given is not None:
+            return self.min_file_size_given
+        return int(self.target_file_size * MIN_FILE_SIZE_RATIO)
+
+    @property
+    def max_file_size(self) -> int:
+        """Files above this size are candidates (they are split)."""
+        if self.max_file_size_given is not None:
+            return self.max_file_size_given
+        return int(self.target_file_size * MAX_FILE_SIZE_RATIO)
 
     @property
     def partial_progress(self) -> bool:
@@ -136,16 +162,6 @@ class RewriteOptions:
         if not self.partial_progress:
             return max(groups, 1)
         return max(self.commit_every, -(-groups // self.max_commits))
-
-    @property
-    def min_file_size(self) -> int:
-        """Files below this size are candidates."""
-        return int(self.target_file_size * MIN_FILE_SIZE_RATIO)
-
-    @property
-    def max_file_size(self) -> int:
-        """Files above this size are candidates (they are split)."""
-        return int(self.target_file_size * MAX_FILE_SIZE_RATIO)
 
 
 def _int_property(properties: dict[str, str], name: str, table: str) -> int | None:
@@ -266,6 +282,13 @@ class CompactOptions(BaseModel):
     ray_address: str | None = None
     bulk_read: bool = True
     memory_limit: Size | None = None
+    min_file_size: Size | None = None
+    max_file_size: Size | None = None
+    rewrite_all: bool = False
+    max_files_to_rewrite: Annotated[int, _at_least(1)] | None = None
+    rewrite_job_order: Literal[
+        "most-fragmented", "bytes-asc", "bytes-desc", "files-asc", "files-desc"
+    ] = DEFAULT_REWRITE_JOB_ORDER
 
     @model_validator(mode="after")
     def _ray_address_needs_ray(self) -> CompactOptions:
@@ -295,12 +318,72 @@ def compact_options(**options: Any) -> CompactOptions:
         if error["type"] == "extra_forbidden":
             known = ", ".join(CompactOptions.model_fields)
             raise UsageError(f"{name}: unknown option (options: {known})", name) from None
-        if error["type"] == "literal_error" and name == "executor":
-            allowed = ", ".join(map(repr, EXECUTORS))
-            message = f"executor {options[name]!r}: must be one of {allowed}"
+        if error["type"] == "literal_error" and name in ("executor", "rewrite_job_order"):
+            allowed = ", ".join(map(repr, EXECUTORS if name == "executor" else REWRITE_JOB_ORDERS))
+            message = f"{name} {options[name]!r}: must be one of {allowed}"
             raise UsageError(message, name) from None
         message = error["msg"].removeprefix("Value error, ")
         raise UsageError(f"{name}: {message}", name) from None
+
+
+def _target_file_size(
+    table: str, table_properties: dict[str, str], given: CompactOptions
+) -> tuple[int, tuple[str, ...]]:
+    """The target file size and any warning about it.
+
+    An explicit target outside the allowed range is a UsageError. A table's
+    ``write.target-file-size-bytes`` outside it must not stop inspection, scoring or the daemon:
+    the nearest bound is used instead, with a one-line warning (``allow_small_target`` lets a
+    small property through as it is).
+    """
+    allowed = (
+        f"{format_size_exact(MIN_TARGET_FILE_SIZE)}..{format_size_exact(MAX_TARGET_FILE_SIZE)}"
+    )
+    small_ok = given.allow_small_target
+    if given.target_file_size is not None:
+        target = parse_size(given.target_file_size)
+        too_small = target < MIN_TARGET_FILE_SIZE and not small_ok
+        if target <= 0 or too_small or target > MAX_TARGET_FILE_SIZE:
+            raise UsageError(
+                f"target_file_size {given.target_file_size!r} ({format_size(target)}) is outside "
+                f"the allowed range {allowed}"
+                + (" (smaller only with allow_small_target)" if too_small else ""),
+                "target_file_size",
+                "allow_small_target",
+            )
+        return target, ()
+    found = _int_property(table_properties, TARGET_FILE_SIZE_PROPERTY, table)
+    if found is None:
+        return DEFAULT_TARGET_FILE_SIZE, ()
+    if (0 < found < MIN_TARGET_FILE_SIZE and small_ok) or (
+        MIN_TARGET_FILE_SIZE <= found <= MAX_TARGET_FILE_SIZE
+    ):
+        return found, ()
+    used = MAX_TARGET_FILE_SIZE if found > MAX_TARGET_FILE_SIZE else MIN_TARGET_FILE_SIZE
+    return used, (
+        f"table {table}: property {TARGET_FILE_SIZE_PROPERTY}={found} is outside {allowed}; "
+        f"using {format_size_exact(used)}"
+        + (" (allow_small_target uses it as it is)" if 0 < found < MIN_TARGET_FILE_SIZE else ""),
+    )
+
+
+def _file_size_bounds(given: CompactOptions, target: int) -> tuple[int | None, int | None]:
+    """``min_file_size`` and ``max_file_size`` as given, checked as Spark checks them."""
+    low = parse_size(given.min_file_size) if given.min_file_size is not None else None
+    high = parse_size(given.max_file_size) if given.max_file_size is not None else None
+    if low is not None and not 0 <= low < target:
+        raise UsageError(
+            f"min_file_size: {format_size(low)} must be below the target file size "
+            f"({format_size(target)})",
+            "min_file_size",
+        )
+    if high is not None and high <= target:
+        raise UsageError(
+            f"max_file_size: {format_size(high)} must be above the target file size "
+            f"({format_size(target)})",
+            "max_file_size",
+        )
+    return low, high
 
 
 def resolve_options(table: str, table_properties: dict[str, str], **options: Any) -> RewriteOptions:
@@ -310,26 +393,8 @@ def resolve_options(table: str, table_properties: dict[str, str], **options: Any
     :class:`ConfigError` naming the table property at fault.
     """
     given = compact_options(**options)
-    error: type[UsageError]
-    if given.target_file_size is not None:
-        target = parse_size(given.target_file_size)
-        source, error = f"target_file_size {given.target_file_size!r}", UsageError
-    else:
-        property_target = _int_property(table_properties, TARGET_FILE_SIZE_PROPERTY, table)
-        target = DEFAULT_TARGET_FILE_SIZE if property_target is None else property_target
-        source = f"table {table}: property {TARGET_FILE_SIZE_PROPERTY}={target}"
-        error = ConfigError
-    too_small = target < MIN_TARGET_FILE_SIZE and not given.allow_small_target
-    if target <= 0 or too_small or target > MAX_TARGET_FILE_SIZE:
-        allowed = (
-            f"{format_size_exact(MIN_TARGET_FILE_SIZE)}..{format_size_exact(MAX_TARGET_FILE_SIZE)}"
-        )
-        raise error(
-            f"{source} ({format_size(target)}) is outside the allowed range {allowed}"
-            + (" (smaller only with allow_small_target)" if too_small else ""),
-            "target_file_size",
-            "allow_small_target",
-        )
+    target, warnings = _target_file_size(table, table_properties, given)
+    min_size, max_size = _file_size_bounds(given, target)
     group = DEFAULT_MAX_GROUP_SIZE
     if given.max_group_size:
         group = parse_size(given.max_group_size)
@@ -373,4 +438,10 @@ def resolve_options(table: str, table_properties: dict[str, str], **options: Any
         ray_address=given.ray_address,
         bulk_read=given.bulk_read,
         memory_limit=limit,
+        min_file_size_given=min_size,
+        max_file_size_given=max_size,
+        rewrite_all=given.rewrite_all,
+        max_files_to_rewrite=given.max_files_to_rewrite,
+        rewrite_job_order=given.rewrite_job_order,
+        warnings=warnings,
     )

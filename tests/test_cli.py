@@ -470,3 +470,22 @@ def test_rewrite_deletes_compacts_the_position_deletes_of_files_left_alone(home:
     again = compactor(home, "rewrite-deletes", "--table", TABLE)
     assert again.returncode == 0, again.stderr
     assert "replaced 0 position delete files with 0" in again.stdout
+
+
+def test_a_table_target_outside_the_range_warns_once_and_inspect_and_run_go_on(
+    home: Path,
+) -> None:
+    table = load(home)
+    with table.transaction() as transaction:
+        transaction.set_properties({"write.target-file-size-bytes": "1024"})
+
+    inspected = compactor(home, "inspect", "--table", TABLE, "--json")
+    dry = run_table(home, "--dry-run", "--json")
+
+    for result in (inspected, dry):
+        assert result.returncode == 0, result.stderr
+        assert result.stderr.splitlines() == [
+            f"warning: table {TABLE}: property write.target-file-size-bytes=1024 is outside "
+            "64MB..512MiB; using 64MB (allow_small_target uses it as it is)"
+        ]
+    assert json.loads(inspected.stdout)["target_file_size"] == 64 * 10**6

@@ -402,3 +402,22 @@ def test_rewrite_deletes_on_a_v3_table_is_skipped_and_its_compaction_runs(
     assert "deletion vectors" in skipped["error"]
     table = setup.catalog.load_table("db.dv")
     assert java_read(table, []).current.rows == read_expected(location).rows
+
+
+def test_a_table_target_outside_the_range_is_warned_about_and_still_compacted(
+    setup: Setup,
+) -> None:
+    table = create_events_table(setup.catalog, "db.odd", commits=4, rows_per_commit=200, days=1)
+    with table.transaction() as transaction:
+        transaction.set_properties({"write.target-file-size-bytes": "1024"})
+    setup.job("odd", COMPACT_EVERY_SECOND)
+    daemon = setup.start()
+    try:
+        warned = daemon.wait_for(lambda e: e.get("event") == "setting_replaced", "a warning")
+        finished = daemon.run_finished("db.odd", committed=True)
+    finally:
+        assert daemon.terminate() == 0, "".join(daemon.lines)
+    assert warned["table"] == "db.odd"
+    assert "write.target-file-size-bytes=1024" in warned["message"]
+    assert not any('"scan_failed"' in line for line in daemon.lines)
+    assert finished["outcome"] == "succeeded", finished

@@ -62,3 +62,32 @@ def test_a_memory_limit_below_the_minimum_is_a_usage_error_naming_it() -> None:
         settings.UsageError, match=r"^memory_limit: 100.0 MiB is below the minimum 304.0 MiB"
     ):
         settings.resolve_options("db.t", {}, memory_limit="100MiB")
+
+
+@pytest.mark.parametrize(
+    ("value", "used", "allowed_small"),
+    [
+        ("1024", settings.MIN_TARGET_FILE_SIZE, False),
+        (str(2**40), settings.MAX_TARGET_FILE_SIZE, False),
+        ("0", settings.MIN_TARGET_FILE_SIZE, False),
+        ("1024", 1024, True),
+    ],
+    ids=["tiny", "huge", "zero", "tiny-allowed"],
+)
+def test_a_table_target_outside_the_range_uses_the_nearest_bound_with_a_warning(
+    value: str, used: int, allowed_small: bool
+) -> None:
+    properties = {settings.TARGET_FILE_SIZE_PROPERTY: value}
+
+    resolved = settings.resolve_options("db.t", properties, allow_small_target=allowed_small)
+
+    assert resolved.target_file_size == used
+    if used == int(value):
+        assert resolved.warnings == ()
+    else:
+        (warning,) = resolved.warnings
+        assert warning.startswith(f"table db.t: property write.target-file-size-bytes={value} ")
+        assert "\n" not in warning
+    # An explicit target outside the range is still an error, naming the option.
+    with pytest.raises(settings.UsageError, match=r"^target_file_size '1KiB'"):
+        settings.resolve_options("db.t", properties, target_file_size="1KiB")

@@ -33,6 +33,8 @@ from compactor.options import (
     DEFAULT_EXECUTOR,
     DEFAULT_MAX_COMMITS,
     DEFAULT_MIN_INPUT_FILES,
+    DEFAULT_REWRITE_JOB_ORDER,
+    RewriteOptions,
     resolve_options,
 )
 from compactor.redaction import protect
@@ -313,6 +315,42 @@ def run(
             "--no-bulk-read reads every file through the Iceberg read path (slower; to diagnose)."
         ),
     ] = True,
+    min_file_size: Annotated[
+        str | None,
+        typer.Option(
+            help="Files below this size are rewritten (Spark's min-file-size; default 75% of "
+            "the target)."
+        ),
+    ] = None,
+    max_file_size: Annotated[
+        str | None,
+        typer.Option(
+            help="Files above this size are rewritten, split at the target (Spark's "
+            "max-file-size; default 180% of the target)."
+        ),
+    ] = None,
+    rewrite_all: Annotated[
+        bool,
+        typer.Option(
+            "--rewrite-all",
+            help="Rewrite every file (within --where), whatever its size, and every group, "
+            "whatever --min-input-files says (Spark's rewrite-all).",
+        ),
+    ] = False,
+    max_files_to_rewrite: Annotated[
+        int | None,
+        typer.Option(
+            help="Rewrite only the groups, in --rewrite-job-order, that fit in this many input "
+            "files together; the rest wait for the next run (Spark's max-files-to-rewrite)."
+        ),
+    ] = None,
+    rewrite_job_order: Annotated[
+        str,
+        typer.Option(
+            help="Order groups are rewritten and committed in: most-fragmented (most files "
+            "first), bytes-asc, bytes-desc, files-asc, files-desc (Spark's rewrite-job-order)."
+        ),
+    ] = DEFAULT_REWRITE_JOB_ORDER,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the plan; write and commit nothing.")
     ] = False,
@@ -350,7 +388,13 @@ def run(
             ray_address=ray_address,
             bulk_read=bulk_read,
             memory_limit=memory_limit,
+            min_file_size=min_file_size,
+            max_file_size=max_file_size,
+            rewrite_all=rewrite_all,
+            max_files_to_rewrite=max_files_to_rewrite,
+            rewrite_job_order=rewrite_job_order,
         )
+        _warn(options)
         bar = _Bar() if (not as_json and sys.stderr.isatty()) else None
         try:
             with stop_on_signals() as stop:
@@ -416,6 +460,12 @@ def _print_health(health: TableHealth) -> None:
         out.print(parts)
 
 
+def _warn(options: RewriteOptions) -> None:
+    """Print each of the resolved options' warnings as one line on stderr."""
+    for warning in options.warnings:
+        err.print(f"warning: {warning}", markup=False, highlight=False)
+
+
 @app.command()
 def inspect(
     table: TableOpt,
@@ -439,6 +489,7 @@ def inspect(
             target_file_size=target_file_size,
             allow_small_target=allow_small_target,
         )
+        _warn(options)
         health = table_health(tbl, table, options.target_file_size)
         if as_json:
             print(json.dumps(health.to_dict(), indent=2))

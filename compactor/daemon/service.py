@@ -246,6 +246,8 @@ class Daemon:
         try:
             table = catalog.load_table(identifier)
             options = resolve_options(identifier, table.metadata.properties, **section.given())
+            for warning in options.warnings:
+                log.warning(warning, extra={"event": "setting_replaced", "table": identifier})
             reasons, score = self._score(table, identifier, job.name, options, section)
         except Exception as exc:
             self.metrics.scan_errors.inc()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -385,7 +385,7 @@ def plan_rewrite(table: Table, identifier: str, options: RewriteOptions) -> Plan
             continue
         size = data_file.file_size_in_bytes
         wrong_size = size < options.min_file_size or size > options.max_file_size
-        if not (wrong_size or too_many_deletes(data_file, deletes, options)):
+        if not (options.rewrite_all or wrong_size or too_many_deletes(data_file, deletes, options)):
             continue
         if any(not set(d.equality_ids or ()) <= top_level for d in equality):
             plan.skipped["equality_deletes_on_columns_no_longer_in_the_schema"] += 1
@@ -417,8 +417,9 @@ def plan_rewrite(table: Table, identifier: str, options: RewriteOptions) -> Plan
                 groups.append(group)
 
     groups = _split_for_idle_workers(groups, options)
-    # Most fragmented first: with partial progress, the worst partitions are committed first.
-    groups.sort(key=lambda g: (-len(g.files), -g.input_bytes, g.partition_path))
+    groups.sort(key=_JOB_ORDERS[options.rewrite_job_order])
+    if options.max_files_to_rewrite is not None:
+        groups = _within_max_files(groups, options.max_files_to_rewrite, plan)
     for number, group in enumerate(groups):
         group.group_id = number
     plan.groups = groups
@@ -472,8 +473,35 @@ def _split_for_idle_workers(groups: list[FileGroup], options: RewriteOptions) ->
     return result + whole_groups
 
 
+# Spark's rewrite-job-order, ties broken by partition; the default, most files first: with
+# partial progress the most fragmented partitions are committed first.
+_JOB_ORDERS: dict[str, Callable[[FileGroup], tuple[Any, ...]]] = {
+    "most-fragmented": lambda g: (-len(g.files), -g.input_bytes, g.partition_path),
+    "bytes-asc": lambda g: (g.input_bytes, g.partition_path),
+    "bytes-desc": lambda g: (-g.input_bytes, g.partition_path),
+    "files-asc": lambda g: (len(g.files), g.partition_path),
+    "files-desc": lambda g: (-len(g.files), g.partition_path),
+}
+
+
+def _within_max_files(groups: list[FileGroup], limit: int, plan: Plan) -> list[FileGroup]:
+    """The groups, in job order, that fit in ``limit`` input files together (Spark's
+    max-files-to-rewrite); the others are counted in the plan's ``skipped``."""
+    taken: list[FileGroup] = []
+    files = 0
+    for group in groups:
+        if files + len(group.files) <= limit:
+            taken.append(group)
+            files += len(group.files)
+        else:
+            plan.skipped["groups_beyond_max_files_to_rewrite"] += 1
+    return taken
+
+
 def _skip_reason(group: FileGroup, options: RewriteOptions) -> str | None:
     """Why a group would not help (None when it should be rewritten)."""
+    if options.rewrite_all:
+        return None
     too_large = any(f.size > options.max_file_size for f in group.files)
     has_deletes = any(too_many_deletes(f.data_file, f.delete_files, options) for f in group.files)
     if too_large or has_deletes:
