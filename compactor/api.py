@@ -106,11 +106,13 @@ def remove_orphans(
     allow_short_older_than: bool = False,
     dry_run: bool = False,
     catalog: Catalog | None = None,
+    location: str | None = None,
 ) -> orphans.OrphanResult:
     """Delete files under the table's location that nothing references (``compactor orphans``).
 
     Only files older than ``older_than`` (a duration or an ISO timestamp; at least ``"1d"``
-    unless ``allow_short_older_than``) are deleted.
+    unless ``allow_short_older_than``) are deleted; only under ``location`` when given (a
+    sub-path of the table's location, in full or relative to it, e.g. ``"data/region=eu"``).
     """
     cutoff = parse_cutoff(older_than, "older_than", int(time.time() * 1000))
     return orphans.remove_orphans(
@@ -120,6 +122,7 @@ def remove_orphans(
         catalog=catalog,
         dry_run=dry_run,
         allow_short_older_than=allow_short_older_than,
+        location=location,
     )
 
 

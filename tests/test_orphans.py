@@ -27,6 +27,7 @@ from test_cli import assert_one_error_line, compactor, embedded
 import compactor.maintain.orphans as orphans_module
 from compactor.bench.sample import create_events_table
 from compactor.durations import DAY_MS
+from compactor.errors import UsageError
 from compactor.iceberg.references import FileRef, table_references
 from compactor.maintain.expire import DeletionReport
 from compactor.maintain.orphans import (
@@ -437,3 +438,67 @@ def test_cli_orphans_bad_age_exits_2_with_one_error_line(cli_home: Path) -> None
 
     assert_one_error_line(result, 2, "--older-than", "garbage")
     assert listing(cli_home / "warehouse") == before
+
+
+# --- a sub-path only (Spark's location) -----------------------------------------------------
+
+
+@pytest.mark.parametrize("spelling", ["relative", "absolute"])
+def test_location_sweeps_only_that_sub_path(catalog: SqlCatalog, spelling: str) -> None:
+    table = new_table(catalog)
+    rows = scan_rows(table)
+    location = root(table)
+    age_everything(location)
+    inside = junk(location / "data" / "x=1" / "junk-1.parquet", 300)
+    outside = {
+        junk(location / "data" / "x=2" / "junk-2.parquet", 200),
+        junk(location / "metadata" / "stray-m0.avro", 150),
+    }
+    sub = "data/x=1" if spelling == "relative" else f"{table.metadata.location}/data/x=1"
+
+    result = remove_orphans(table, TABLE, orphan_cutoff(None, NOW_MS), location=sub)
+
+    assert reported(result, ORPHAN_DATA) == {str(inside)}
+    assert result.to_dict()["listed_files"] == 1
+    assert not inside.exists() and all(p.exists() for p in outside)
+    table = catalog.load_table(TABLE)
+    assert_referenced_files_exist(table)
+    assert_same_contents(rows, scan_rows(table))
+
+
+@pytest.mark.parametrize(
+    "where",
+    ["../elsewhere", "/tmp", "file:///", "", "."],
+    ids=["up", "abs", "root", "empty", "dot"],
+)
+def test_a_location_outside_the_table_is_refused_and_nothing_is_deleted(
+    catalog: SqlCatalog, where: str
+) -> None:
+    table = new_table(catalog)
+    location = root(table)
+    age_everything(location)
+    junk(location / "data" / "junk-1.parquet", 300)
+    before = listing(location)
+
+    with pytest.raises(UsageError, match=r"^table db\.t: location .* is not under the table's"):
+        remove_orphans(table, TABLE, orphan_cutoff(None, NOW_MS), location=where)
+
+    assert listing(location) == before
+
+
+def test_orphans_location_on_the_command_line(tmp_path: Path) -> None:
+    home = tmp_path
+    table = create_events_table(embedded(home), "db.events", commits=2, rows_per_commit=50)
+    location = root(table)
+    age_everything(location)
+    stray = junk(location / "data" / "stray.parquet", 100)
+
+    outside = compactor(home, "orphans", "--table", "db.events", "--location", "/etc", "--json")
+    swept = compactor(
+        home, "orphans", "--table", "db.events", "--location", "data", "--dry-run", "--json"
+    )
+
+    assert_one_error_line(outside, 2, "db.events", "/etc")
+    assert swept.returncode == 0, swept.stderr
+    assert json.loads(swept.stdout)["orphans"] == [f"{table.metadata.location}/data/stray.parquet"]
+    assert stray.exists()

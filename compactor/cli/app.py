@@ -606,6 +606,13 @@ def orphans(
             "compaction runs in flight could be deleted."
         ),
     ] = False,
+    location: Annotated[
+        str | None,
+        typer.Option(
+            help="Sweep only this sub-path of the table's location, in full or relative to it, "
+            "e.g. data/region=eu (Spark's location)."
+        ),
+    ] = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="List the orphan files; delete nothing.")
     ] = False,
@@ -632,7 +639,13 @@ def orphans(
         allow = allow_short_older_than
         cutoff = orphan_cutoff(older_than, int(time.time() * 1000), allow_short=allow)
         result = remove_orphans(
-            tbl, table, cutoff, catalog=cat, dry_run=dry_run, allow_short_older_than=allow
+            tbl,
+            table,
+            cutoff,
+            catalog=cat,
+            dry_run=dry_run,
+            allow_short_older_than=allow,
+            location=location,
         )
         data = result.to_dict()
         if as_json:
@@ -645,8 +658,8 @@ def orphans(
             f"{data['skipped_in_run_record']} kept for a compaction run record; "
             f"{others} under other tables' locations; {len(data['refused'])} refused"
         )
-        for location in data["orphans"]:
-            out.print(f"  {location}", markup=False, highlight=False)
+        for path in data["orphans"]:
+            out.print(f"  {path}", markup=False, highlight=False)
         _report_deletions(f"orphan files ({table})", data, dry_run)
 
     guarded(go)

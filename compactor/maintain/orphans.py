@@ -95,13 +95,33 @@ def _kind(location: str, table_location: str) -> str:
     return ORPHAN_METADATA if inside_metadata else ORPHAN_DATA
 
 
-def find_orphans(table: Table, cutoff_ms: int, *, catalog: Catalog | None = None) -> OrphanScan:
-    """List the table's location, then compare with everything its metadata references.
+def sweep_root(table: Table, identifier: str, location: str | None) -> str:
+    """Where a sweep lists: the table's location, or ``location`` (Spark's ``location``) when
+    it is a sub-path of it, given in full or relative to the table's location."""
+    root = table.metadata.location.rstrip("/")
+    if location is None:
+        return root
+    full = location if "://" in location or location.startswith("/") else f"{root}/{location}"
+    if not is_within(full, root):
+        raise UsageError(
+            f"table {identifier}: location {location!r} is not under the table's location "
+            f"{root}",
+            "location",
+        )
+    return full.rstrip("/")
+
+
+def find_orphans(
+    table: Table, cutoff_ms: int, *, catalog: Catalog | None = None, root: str | None = None
+) -> OrphanScan:
+    """List the table's location (or ``root``, under it), then compare with everything its
+    metadata references.
 
     ``catalog`` (default: the one the table was loaded from) is listed for the other tables'
     locations, which are never swept.
     """
-    listing: list[StoredFile] = list(list_files(table.io, table.metadata.location))
+    root = root or table.metadata.location
+    listing: list[StoredFile] = list(list_files(table.io, root))
     # The run record (and its runs' intent files) before the metadata: a run records each file
     # before creating it, and releases its record only after committing or deleting its files,
     # so a listed file is in one or the other.
@@ -132,7 +152,7 @@ def find_orphans(table: Table, cutoff_ms: int, *, catalog: Catalog | None = None
         else:
             kind = _kind(stored.location, table.metadata.location)
             scan.orphans.append(FileRef(stored.location, kind, stored.size))
-    for upload in list_open_uploads(table.io, table.metadata.location):
+    for upload in list_open_uploads(table.io, root):
         if (
             is_within(upload.location, table.metadata.location)
             and fences.owner(upload.location) is None
@@ -207,13 +227,16 @@ def remove_orphans(
     dry_run: bool = False,
     allow_short_older_than: bool = False,
     clock: Callable[[], float] = time.time,
+    location: str | None = None,
 ) -> OrphanResult:
     """Delete (or list, when ``dry_run``) the table's orphan files older than ``cutoff_ms``.
 
     ``catalog`` (default: the one the table was loaded from) is listed so that no other table's
     location is swept. A cut-off less than ``MIN_ORPHAN_AGE_MS`` before ``clock()`` needs
-    ``allow_short_older_than``.
+    ``allow_short_older_than``. ``location`` limits the sweep to a sub-path of the table's
+    location (see :func:`sweep_root`).
     """
+    root = sweep_root(table, identifier, location)
     started = time.monotonic()
     now_ms = int(clock() * 1000)
     if cutoff_ms > now_ms - MIN_ORPHAN_AGE_MS and not allow_short_older_than:
@@ -223,7 +246,7 @@ def remove_orphans(
             "allow_short_older_than=True (--allow-short-older-than) to allow it"
         )
     check_gc_enabled(table, identifier, REMOVE_ORPHANS)
-    scan = find_orphans(table, cutoff_ms, catalog=catalog)
+    scan = find_orphans(table, cutoff_ms, catalog=catalog, root=root)
     report = DeletionReport()
     delete_unreachable(table, scan.orphans, dry_run=dry_run, report=report)
     failed_uploads = [] if dry_run else abort_uploads(table.io, scan.open_uploads)
