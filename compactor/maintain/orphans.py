@@ -104,8 +104,7 @@ def sweep_root(table: Table, identifier: str, location: str | None) -> str:
     full = location if "://" in location or location.startswith("/") else f"{root}/{location}"
     if not is_within(full, root):
         raise UsageError(
-            f"table {identifier}: location {location!r} is not under the table's location "
-            f"{root}",
+            f"table {identifier}: location {location!r} is not under the table's location {root}",
             "location",
         )
     return full.rstrip("/")
