@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from pyiceberg.catalog import Catalog
@@ -86,16 +87,20 @@ def expire_snapshots(
     retain_last: int | None = None,
     dry_run: bool = False,
     catalog: Catalog | None = None,
+    snapshot_ids: Iterable[int] = (),
 ) -> expire.ExpireResult:
     """Expire old snapshots, then delete the files only they reached (``compactor expire``).
 
     ``older_than`` (``"5d"`` or an ISO timestamp) and ``retain_last`` default to the table's
-    ``history.expire.*`` properties; ``catalog`` (default: the table's) is listed so that no
-    other table's files are deleted.
+    ``history.expire.*`` properties; ``snapshot_ids`` are expired as well, whatever their age
+    (never the head of a branch or tag); ``catalog`` (default: the table's) is listed so that
+    no other table's files are deleted.
     """
     identifier = identifier_of(table)
     now_ms = int(time.time() * 1000)
-    policy = expire.retention_policy(table, identifier, older_than, retain_last, now_ms)
+    policy = expire.retention_policy(
+        table, identifier, older_than, retain_last, now_ms, snapshot_ids
+    )
     return expire.expire_snapshots(table, identifier, policy, catalog=catalog, dry_run=dry_run)
 
 

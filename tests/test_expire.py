@@ -649,3 +649,65 @@ def test_cli_expire_bad_flags_exit_2_with_one_error_line(
     assert_one_error_line(result, 2, *culprits)
     table = embedded(cli_home).load_table(CLI_TABLE)
     assert snapshot_ids(table) == ids and table.metadata_location == location
+
+
+# --- explicit snapshot ids (Spark's snapshot_ids) ------------------------------------------
+
+
+def test_explicit_snapshot_ids_are_expired_whatever_their_age(catalog: SqlCatalog) -> None:
+    table = new_table(catalog)
+    ids = [append(table, 100 * i) for i in range(4)]
+    table.manage_snapshots().create_tag(ids[1], "kept").commit()
+    kept = {sid: table.scan(snapshot_id=sid).to_arrow() for sid in (ids[1], ids[3])}
+    young = policy(cutoff_ms=0)  # nothing is old enough to go by age
+
+    result = expire_snapshots(
+        table, TABLE, RetentionPolicy(**{**vars(young), "snapshot_ids": frozenset(ids[::2])})
+    )
+
+    assert sorted(result.plan.expire) == sorted(ids[::2])
+    table = catalog.load_table(TABLE)
+    assert snapshot_ids(table) == {ids[1], ids[3]}
+    for sid, rows in kept.items():
+        assert_same_contents(rows, table.scan(snapshot_id=sid).to_arrow())
+    assert_reachable_files_exist(table)
+    assert_java_reads_same(table)
+
+
+@pytest.mark.parametrize("which", ["current", "tag", "unknown"])
+def test_an_explicit_snapshot_a_ref_holds_or_the_table_lacks_is_refused(
+    catalog: SqlCatalog, which: str
+) -> None:
+    table = new_table(catalog)
+    ids = [append(table, 100 * i) for i in range(3)]
+    table.manage_snapshots().create_tag(ids[0], "kept").commit()
+    wanted = {"current": ids[2], "tag": ids[0], "unknown": 12345}[which]
+    before = table.metadata_location, disk_files(table)
+    rules = RetentionPolicy(**{**vars(policy(cutoff_ms=0)), "snapshot_ids": frozenset([wanted])})
+
+    with pytest.raises(UsageError, match=rf"^table {TABLE}: snapshot_ids: {wanted} "):
+        expire_snapshots(table, TABLE, rules)
+
+    table = catalog.load_table(TABLE)
+    assert (table.metadata_location, disk_files(table)) == before
+
+
+def test_snapshot_ids_on_the_command_line(tmp_path: Path) -> None:
+    table = create_events_table(embedded(tmp_path), "db.events", commits=3, rows_per_commit=20)
+    first = table.metadata.snapshots[0].snapshot_id
+
+    bad = compactor(tmp_path, "expire", "--table", "db.events", "--snapshot-ids", "1,x")
+    dry = compactor(
+        tmp_path,
+        "expire",
+        "--table",
+        "db.events",
+        "--snapshot-ids",
+        str(first),
+        "--dry-run",
+        "--json",
+    )
+
+    assert_one_error_line(bad, 2, "snapshot", "'x'")
+    assert dry.returncode == 0, dry.stderr
+    assert json.loads(dry.stdout)["expired_snapshot_ids"] == [first]

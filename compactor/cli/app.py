@@ -25,7 +25,7 @@ from rich.table import Table as RichTable
 from compactor import __version__
 from compactor.cli.bench import bench_app
 from compactor.cli.output import err, guarded, out, state
-from compactor.errors import CompactorError, ConfigError
+from compactor.errors import CompactorError, ConfigError, UsageError
 from compactor.options import (
     DEFAULT_COMMIT_EVERY,
     DEFAULT_DELETE_FILE_THRESHOLD,
@@ -529,6 +529,21 @@ def _report_deletions(title: str, data: dict[str, Any], dry_run: bool) -> None:
         )
 
 
+def _snapshot_ids(text: str | None) -> list[int]:
+    """``--snapshot-ids 1,2,3`` as ids; anything else is a UsageError naming the value."""
+    if text is None:
+        return []
+    ids = []
+    for part in text.split(","):
+        try:
+            ids.append(int(part.strip()))
+        except ValueError:
+            raise UsageError(
+                f"snapshot_ids: {part.strip()!r} is not a snapshot id", "snapshot_ids"
+            ) from None
+    return ids
+
+
 @app.command()
 def expire(
     table: TableOpt,
@@ -545,6 +560,13 @@ def expire(
         typer.Option(
             help="Keep at least this many snapshots of each branch. "
             "Default: the table's history.expire.min-snapshots-to-keep, else 1."
+        ),
+    ] = None,
+    snapshot_ids: Annotated[
+        str | None,
+        typer.Option(
+            help="Also expire these snapshots, comma-separated, whatever their age or rank "
+            "(Spark's snapshot_ids); never the head of a branch or tag."
         ),
     ] = None,
     dry_run: Annotated[
@@ -572,7 +594,9 @@ def expire(
 
         cat = open_catalog(catalog)
         tbl = open_table(cat, table)
-        policy = retention_policy(tbl, table, older_than, retain_last, int(time.time() * 1000))
+        now_ms = int(time.time() * 1000)
+        ids = _snapshot_ids(snapshot_ids)
+        policy = retention_policy(tbl, table, older_than, retain_last, now_ms, ids)
         data = expire_snapshots(tbl, table, policy, catalog=cat, dry_run=dry_run).to_dict()
         if as_json:
             print(json.dumps(data, indent=2))

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -84,6 +84,9 @@ class RetentionPolicy:
     older_than_ms: int
     retain_last: int
     max_ref_age_ms: int | None
+    # Expired as well, whatever their age or rank (Java's expireSnapshotId, Spark's
+    # snapshot_ids); never the head of a branch or tag.
+    snapshot_ids: frozenset[int] = frozenset()
 
 
 def _property(table: Table, identifier: str, name: str) -> int | None:
@@ -102,7 +105,12 @@ def _property(table: Table, identifier: str, name: str) -> int | None:
 
 
 def retention_policy(
-    table: Table, identifier: str, older_than: str | None, retain_last: int | None, now_ms: int
+    table: Table,
+    identifier: str,
+    older_than: str | None,
+    retain_last: int | None,
+    now_ms: int,
+    snapshot_ids: Iterable[int] = (),
 ) -> RetentionPolicy:
     """Flags over the table's ``history.expire.*`` properties over Iceberg's defaults."""
     if older_than is not None:
@@ -117,6 +125,7 @@ def retention_policy(
         older_than_ms=cutoff,
         retain_last=keep or DEFAULT_MIN_SNAPSHOTS_TO_KEEP,
         max_ref_age_ms=_property(table, identifier, MAX_REF_AGE_PROPERTY),
+        snapshot_ids=frozenset(snapshot_ids),
     )
 
 
@@ -138,8 +147,14 @@ def _ancestors(metadata: TableMetadata, snapshot_id: int) -> list[int]:
     return chain
 
 
-def plan_expiry(metadata: TableMetadata, policy: RetentionPolicy, now_ms: int) -> ExpiryPlan:
-    """Decide which snapshots and refs go, per the rules in this module's docstring."""
+def plan_expiry(
+    metadata: TableMetadata, policy: RetentionPolicy, now_ms: int, identifier: str = ""
+) -> ExpiryPlan:
+    """Decide which snapshots and refs go, per the rules in this module's docstring.
+
+    A snapshot of ``policy.snapshot_ids`` that the table does not hold, or that a branch or tag
+    kept here points at, is a UsageError naming ``identifier``: nothing is expired.
+    """
     timestamps = {s.snapshot_id: s.timestamp_ms for s in metadata.snapshots}
     remove_refs, retain = [], set()
     reachable_from_refs: set[int] = set()
@@ -174,8 +189,32 @@ def plan_expiry(metadata: TableMetadata, policy: RetentionPolicy, now_ms: int) -
             retain.add(snapshot_id)
     if metadata.current_snapshot_id is not None:
         retain.add(metadata.current_snapshot_id)
+    _check_explicit(metadata, policy.snapshot_ids, set(remove_refs), identifier)
+    retain -= policy.snapshot_ids
     expire = sorted(set(timestamps) - retain)
     return ExpiryPlan(expire=expire, remove_refs=sorted(remove_refs), retain=retain)
+
+
+def _check_explicit(
+    metadata: TableMetadata, snapshot_ids: frozenset[int], dropped_refs: set[str], identifier: str
+) -> None:
+    """Refuse explicit snapshot ids the table lacks, or that a kept branch or tag points at."""
+    known = {s.snapshot_id for s in metadata.snapshots}
+    heads = {
+        ref.snapshot_id: name for name, ref in metadata.refs.items() if name not in dropped_refs
+    }
+    for snapshot_id in sorted(snapshot_ids):
+        problem = (
+            "is not a snapshot of the table"
+            if snapshot_id not in known
+            else f"is the head of {heads[snapshot_id]!r}: drop or move that ref first"
+            if snapshot_id in heads
+            else None
+        )
+        if problem:
+            raise UsageError(
+                f"table {identifier}: snapshot_ids: {snapshot_id} {problem}", "snapshot_ids"
+            )
 
 
 @dataclass
@@ -426,7 +465,7 @@ def expire_snapshots(
     for attempt in range(COMMIT_ATTEMPTS):
         now_ms = int(clock() * 1000)
         planned_from = table.metadata_location
-        plan = plan_expiry(table.metadata, policy, now_ms)
+        plan = plan_expiry(table.metadata, policy, now_ms, identifier)
         work = bool(plan.expire or plan.remove_refs)
         if fences is None and (work or _deletes_metadata_files(table)):
             fences = other_tables_fences(catalog or table.catalog, table, identifier)
