@@ -133,6 +133,7 @@ class CommitManager:
         self.committed_outputs: set[str] = set()
         self.in_doubt = False
         self._rewritten: set[str] = set()  # input files replaced by this run's commits so far
+        self.failed_commits = 0  # with partial progress: batches that committed nothing
 
     def add(self, result: TaskResult) -> None:
         """Take a finished task; commit once a batch is full."""
@@ -171,6 +172,7 @@ class CommitManager:
                 raise
             for r in batch:
                 self.fail(r.task_id, CONFLICT, exc)
+            self._count_failed_commit()
             return
         if outcome.snapshot_id is not None:
             self.committed_outputs.update(
@@ -186,6 +188,19 @@ class CommitManager:
         elif outcome.conflicts and not self.options.partial_progress:
             reasons = "; ".join(sorted(set(outcome.conflicts.values())))
             raise CommitConflictError(f"table {self.plan.table}: nothing committed: {reasons}")
+        elif outcome.conflicts:
+            self._count_failed_commit()
+
+    def _count_failed_commit(self) -> None:
+        """Stop the run once more batches failed to commit than allowed (Spark's
+        partial-progress.max-failed-commits)."""
+        self.failed_commits += 1
+        allowed = self.options.failed_commits_allowed
+        if self.failed_commits > allowed:
+            raise CommitConflictError(
+                f"table {self.plan.table}: {self.failed_commits} commits failed, more than "
+                f"max_failed_commits ({allowed}); stopping"
+            )
 
 
 def _rewrite_and_commit(

@@ -136,6 +136,7 @@ class RewriteOptions:
     rewrite_all: bool = False
     max_files_to_rewrite: int | None = None
     rewrite_job_order: str = DEFAULT_REWRITE_JOB_ORDER
+    max_failed_commits: int | None = None  # None: max_commits (Spark's default)
     warnings: tuple[str, ...] = ()  # one line each, e.g. a table property replaced by a bound
 
     @property
@@ -156,6 +157,13 @@ class RewriteOptions:
     def partial_progress(self) -> bool:
         """Commit in batches, and let a failed group fail alone."""
         return self.commit_every > 0
+
+    @property
+    def failed_commits_allowed(self) -> int:
+        """With partial progress, the run stops after more failed commits than this."""
+        if self.max_failed_commits is None:
+            return self.max_commits
+        return self.max_failed_commits
 
     def commit_batch_size(self, groups: int) -> int:
         """Groups per commit: all at once, or every N within the commit limit."""
@@ -289,6 +297,7 @@ class CompactOptions(BaseModel):
     rewrite_job_order: Literal[
         "most-fragmented", "bytes-asc", "bytes-desc", "files-asc", "files-desc"
     ] = DEFAULT_REWRITE_JOB_ORDER
+    max_failed_commits: Annotated[int, _at_least(0)] | None = None
 
     @model_validator(mode="after")
     def _ray_address_needs_ray(self) -> CompactOptions:
@@ -443,5 +452,6 @@ def resolve_options(table: str, table_properties: dict[str, str], **options: Any
         rewrite_all=given.rewrite_all,
         max_files_to_rewrite=given.max_files_to_rewrite,
         rewrite_job_order=given.rewrite_job_order,
+        max_failed_commits=given.max_failed_commits,
         warnings=warnings,
     )

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pyarrow.compute as pc
 import pytest
 from helpers import (
     assert_same_rows,
+    list_files,
     live_data_files,
     local_path,
     run_compaction,
@@ -18,7 +20,10 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation
 
+from compactor import compaction
 from compactor.bench.sample import create_events_table, events_batch
+from compactor.commit.committer import commit_replace
+from compactor.errors import CommitConflictError
 from compactor.options import RewriteOptions
 
 TABLE = "db.events"
@@ -125,3 +130,38 @@ def test_most_fragmented_partitions_are_committed_first(catalog: Catalog, events
     first = table.metadata.snapshot_by_id(result.snapshot_ids[0])
     assert first.summary.additional_properties["deleted-data-files"] == "8"
     assert_same_rows(before, scan_rows(table))
+
+
+@pytest.mark.parametrize(("allowed", "stops"), [(2, True), (None, False)])
+def test_max_failed_commits_stops_the_run_after_that_many_failed_commits(
+    catalog: Catalog,
+    events: Table,
+    monkeypatch: pytest.MonkeyPatch,
+    warehouse: Path,
+    allowed: int | None,
+    stops: bool,
+) -> None:
+    """Every input is overwritten before the first commit: each batch then commits nothing."""
+    attempts: list[int] = []
+
+    def after_a_concurrent_overwrite(table: Table, *args: Any, **kwargs: Any) -> Any:
+        if not attempts:
+            other = catalog.load_table(TABLE)
+            other.overwrite(scan_rows(other))
+        attempts.append(1)
+        return commit_replace(table, *args, **kwargs)
+
+    monkeypatch.setattr(compaction, "commit_replace", after_a_concurrent_overwrite)
+    options = {"commit_every": 1, "parallelism": 1, "max_failed_commits": allowed}
+
+    if stops:
+        with pytest.raises(CommitConflictError, match=r"3 commits failed, more than max_failed"):
+            run_compaction(catalog, TABLE, **options)
+        assert len(attempts) == 3  # the third failure stops it: no fourth commit is tried
+    else:
+        result, _ = run_compaction(catalog, TABLE, **options)
+        assert len(attempts) == 6  # batches of 2 groups (12 over max_commits 10), all failed
+        assert len(result.to_dict()["failed_groups"]) == 12
+    table = catalog.load_table(TABLE)
+    assert Operation.REPLACE not in [s.summary.operation for s in table.metadata.snapshots]
+    assert not [p for p in list_files(warehouse) if "/compactor-" in p]

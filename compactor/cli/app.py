@@ -351,6 +351,13 @@ def run(
             "first), bytes-asc, bytes-desc, files-asc, files-desc (Spark's rewrite-job-order)."
         ),
     ] = DEFAULT_REWRITE_JOB_ORDER,
+    max_failed_commits: Annotated[
+        int | None,
+        typer.Option(
+            help="With --commit-every: stop the run once more commits than this failed "
+            "(default: --max-commits; Spark's partial-progress.max-failed-commits)."
+        ),
+    ] = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the plan; write and commit nothing.")
     ] = False,
@@ -393,6 +400,7 @@ def run(
             rewrite_all=rewrite_all,
             max_files_to_rewrite=max_files_to_rewrite,
             rewrite_job_order=rewrite_job_order,
+            max_failed_commits=max_failed_commits,
         )
         _warn(options)
         bar = _Bar() if (not as_json and sys.stderr.isatty()) else None
