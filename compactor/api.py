@@ -88,18 +88,20 @@ def expire_snapshots(
     dry_run: bool = False,
     catalog: Catalog | None = None,
     snapshot_ids: Iterable[int] = (),
+    clean_expired_metadata: bool = False,
 ) -> expire.ExpireResult:
     """Expire old snapshots, then delete the files only they reached (``compactor expire``).
 
     ``older_than`` (``"5d"`` or an ISO timestamp) and ``retain_last`` default to the table's
     ``history.expire.*`` properties; ``snapshot_ids`` are expired as well, whatever their age
-    (never the head of a branch or tag); ``catalog`` (default: the table's) is listed so that
-    no other table's files are deleted.
+    (never the head of a branch or tag); ``clean_expired_metadata`` also removes the partition
+    specs and schemas no retained snapshot uses; ``catalog`` (default: the table's) is listed so
+    that no other table's files are deleted.
     """
     identifier = identifier_of(table)
     now_ms = int(time.time() * 1000)
     policy = expire.retention_policy(
-        table, identifier, older_than, retain_last, now_ms, snapshot_ids
+        table, identifier, older_than, retain_last, now_ms, snapshot_ids, clean_expired_metadata
     )
     return expire.expire_snapshots(table, identifier, policy, catalog=catalog, dry_run=dry_run)
 

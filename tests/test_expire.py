@@ -711,3 +711,75 @@ def test_snapshot_ids_on_the_command_line(tmp_path: Path) -> None:
     assert_one_error_line(bad, 2, "snapshot", "'x'")
     assert dry.returncode == 0, dry.stderr
     assert json.loads(dry.stdout)["expired_snapshot_ids"] == [first]
+    cleaned = compactor(
+        tmp_path, "expire", "--table", "db.events", "--clean-expired-metadata", "--json"
+    )
+    assert cleaned.returncode == 0, cleaned.stderr
+    assert json.loads(cleaned.stdout)["removed_spec_ids"] == []  # one spec, in use
+
+
+# --- unused partition specs and schemas (Spark's clean_expired_metadata) --------------------
+
+
+def _evolved_table(catalog: SqlCatalog) -> Table:
+    """Written under spec 0 and schema 0, then overwritten under spec 1 and schema 1."""
+    table = new_table(catalog)
+    table.append(batch(0))
+    with table.update_spec() as spec:
+        spec.add_identity("id")
+    with table.update_schema() as schema:
+        schema.add_column("note", StringType())
+    table = catalog.load_table(TABLE)
+    rows = batch(500).append_column("note", pa.array(["n"] * 50, pa.large_string()))
+    table.overwrite(rows.cast(table.schema().as_arrow()))
+    return catalog.load_table(TABLE)
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_clean_expired_metadata_removes_specs_and_schemas_nothing_retained_uses(
+    catalog: SqlCatalog, dry_run: bool
+) -> None:
+    table = _evolved_table(catalog)
+    assert [s.spec_id for s in table.metadata.partition_specs] == [0, 1]
+    assert [s.schema_id for s in table.metadata.schemas] == [0, 1]
+    rows = scan_rows(table)
+    rules = RetentionPolicy(**{**vars(policy(cutoff_ms=1 << 62)), "clean_expired_metadata": True})
+
+    result = expire_snapshots(
+        table, TABLE, rules, dry_run=dry_run, clock=after_every_snapshot(table)
+    )
+
+    summary = result.to_dict()
+    assert (summary["removed_spec_ids"], summary["removed_schema_ids"]) == ([0], [0])
+    table = catalog.load_table(TABLE)
+    kept = ([0, 1], [0, 1]) if dry_run else ([1], [1])
+    assert [s.spec_id for s in table.metadata.partition_specs] == kept[0]
+    assert [s.schema_id for s in table.metadata.schemas] == kept[1]
+    assert_same_contents(rows, scan_rows(table))
+    assert_java_reads_same(table)
+
+
+def test_without_clean_expired_metadata_specs_and_schemas_stay(catalog: SqlCatalog) -> None:
+    table = _evolved_table(catalog)
+
+    result = expire_snapshots(
+        table, TABLE, policy(cutoff_ms=1 << 62), clock=after_every_snapshot(table)
+    )
+
+    assert result.plan.expire and result.to_dict()["removed_spec_ids"] == []
+    table = catalog.load_table(TABLE)
+    assert len(table.metadata.partition_specs) == len(table.metadata.schemas) == 2
+
+
+def test_a_spec_a_retained_snapshot_uses_is_kept(catalog: SqlCatalog) -> None:
+    table = _evolved_table(catalog)
+    first = table.metadata.snapshots[0].snapshot_id
+    table.manage_snapshots().create_tag(first, "before-evolution").commit()
+    rules = RetentionPolicy(**{**vars(policy(cutoff_ms=1 << 62)), "clean_expired_metadata": True})
+
+    result = expire_snapshots(table, TABLE, rules, clock=after_every_snapshot(table))
+
+    assert (result.plan.remove_spec_ids, result.plan.remove_schema_ids) == ([], [])
+    table = catalog.load_table(TABLE)
+    assert len(table.metadata.partition_specs) == len(table.metadata.schemas) == 2
+    assert_java_reads_same(table)

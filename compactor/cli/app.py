@@ -577,6 +577,14 @@ def expire(
             "(Spark's snapshot_ids); never the head of a branch or tag."
         ),
     ] = None,
+    clean_expired_metadata: Annotated[
+        bool,
+        typer.Option(
+            "--clean-expired-metadata",
+            help="Also remove the partition specs and schemas no retained snapshot uses "
+            "(Spark's clean_expired_metadata); never the default spec or current schema.",
+        ),
+    ] = False,
     dry_run: Annotated[
         bool,
         typer.Option("--dry-run", help="Show what would be expired and deleted; change nothing."),
@@ -604,7 +612,9 @@ def expire(
         tbl = open_table(cat, table)
         now_ms = int(time.time() * 1000)
         ids = _snapshot_ids(snapshot_ids)
-        policy = retention_policy(tbl, table, older_than, retain_last, now_ms, ids)
+        policy = retention_policy(
+            tbl, table, older_than, retain_last, now_ms, ids, clean_expired_metadata
+        )
         data = expire_snapshots(tbl, table, policy, catalog=cat, dry_run=dry_run).to_dict()
         if as_json:
             print(json.dumps(data, indent=2))

@@ -41,9 +41,13 @@ from pyiceberg.table import CommitTableResponse, Table, TableProperties
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
 from pyiceberg.table.update import (
+    AssertCurrentSchemaId,
+    AssertDefaultSpecId,
     AssertRefSnapshotId,
     AssertTableUUID,
+    RemovePartitionSpecsUpdate,
     RemovePartitionStatisticsUpdate,
+    RemoveSchemasUpdate,
     RemoveSnapshotRefUpdate,
     RemoveSnapshotsUpdate,
     RemoveStatisticsUpdate,
@@ -55,6 +59,7 @@ from pyiceberg.utils.properties import property_as_int
 
 from compactor.durations import DAY_MS, parse_cutoff
 from compactor.errors import CommitConflictError, ConfigError, UsageError
+from compactor.iceberg.pyiceberg_compat import snapshot_manifests
 from compactor.iceberg.references import FileRef, References, table_references
 from compactor.maintain.guards import (
     EXPIRE,
@@ -87,6 +92,9 @@ class RetentionPolicy:
     # Expired as well, whatever their age or rank (Java's expireSnapshotId, Spark's
     # snapshot_ids); never the head of a branch or tag.
     snapshot_ids: frozenset[int] = frozenset()
+    # Also remove the partition specs and schemas no retained snapshot uses (Spark's
+    # clean_expired_metadata).
+    clean_expired_metadata: bool = False
 
 
 def _property(table: Table, identifier: str, name: str) -> int | None:
@@ -111,6 +119,7 @@ def retention_policy(
     retain_last: int | None,
     now_ms: int,
     snapshot_ids: Iterable[int] = (),
+    clean_expired_metadata: bool = False,
 ) -> RetentionPolicy:
     """Flags over the table's ``history.expire.*`` properties over Iceberg's defaults."""
     if older_than is not None:
@@ -126,6 +135,7 @@ def retention_policy(
         retain_last=keep or DEFAULT_MIN_SNAPSHOTS_TO_KEEP,
         max_ref_age_ms=_property(table, identifier, MAX_REF_AGE_PROPERTY),
         snapshot_ids=frozenset(snapshot_ids),
+        clean_expired_metadata=clean_expired_metadata,
     )
 
 
@@ -136,6 +146,14 @@ class ExpiryPlan:
     expire: list[int]
     remove_refs: list[str]
     retain: set[int]
+    remove_spec_ids: list[int] = field(default_factory=list)
+    remove_schema_ids: list[int] = field(default_factory=list)
+
+    @property
+    def changes(self) -> bool:
+        return bool(
+            self.expire or self.remove_refs or self.remove_spec_ids or self.remove_schema_ids
+        )
 
 
 def _ancestors(metadata: TableMetadata, snapshot_id: int) -> list[int]:
@@ -193,6 +211,25 @@ def plan_expiry(
     retain -= policy.snapshot_ids
     expire = sorted(set(timestamps) - retain)
     return ExpiryPlan(expire=expire, remove_refs=sorted(remove_refs), retain=retain)
+
+
+def plan_metadata_cleanup(table: Table, plan: ExpiryPlan) -> None:
+    """Add to ``plan`` the partition specs and schemas that nothing retained uses.
+
+    Kept: the default spec, the current schema, every spec a manifest of a retained snapshot
+    was written with and every retained snapshot's schema (as Java's cleanExpiredMetadata).
+    """
+    metadata = table.metadata
+    specs_used, schemas_used = {metadata.default_spec_id}, {metadata.current_schema_id}
+    for snapshot in metadata.snapshots:
+        if snapshot.snapshot_id not in plan.retain:
+            continue
+        if snapshot.schema_id is not None:
+            schemas_used.add(snapshot.schema_id)
+        for manifest in snapshot_manifests(table.io, snapshot, metadata.format_version):
+            specs_used.add(manifest.partition_spec_id)
+    plan.remove_spec_ids = sorted({s.spec_id for s in metadata.partition_specs} - specs_used)
+    plan.remove_schema_ids = sorted({s.schema_id for s in metadata.schemas} - schemas_used)
 
 
 def _check_explicit(
@@ -352,6 +389,14 @@ def _commit_expiry(table: Table, plan: ExpiryPlan) -> CommitTableResponse:
             if s.snapshot_id in expired
         ]
         updates.append(RemoveSnapshotsUpdate(snapshot_ids=plan.expire))
+    if plan.remove_spec_ids or plan.remove_schema_ids:
+        # A spec or schema made current meanwhile must not be removed.
+        requirements.append(AssertDefaultSpecId(default_spec_id=metadata.default_spec_id))
+        requirements.append(AssertCurrentSchemaId(current_schema_id=metadata.current_schema_id))
+    if plan.remove_spec_ids:
+        updates.append(RemovePartitionSpecsUpdate(spec_ids=plan.remove_spec_ids))
+    if plan.remove_schema_ids:
+        updates.append(RemoveSchemasUpdate(schema_ids=plan.remove_schema_ids))
     response = table.catalog.commit_table(table, tuple(requirements), tuple(updates))
     table.refresh()
     return response
@@ -432,6 +477,8 @@ class ExpireResult:
             "snapshots_expired": len(self.plan.expire),
             "expired_snapshot_ids": self.plan.expire,
             "refs_removed": self.plan.remove_refs,
+            "removed_spec_ids": self.plan.remove_spec_ids,
+            "removed_schema_ids": self.plan.remove_schema_ids,
             "snapshots_retained": len(self.plan.retain),
             **self.report.to_dict(),
             "duration_s": round(self.duration_s, 3),
@@ -466,7 +513,9 @@ def expire_snapshots(
         now_ms = int(clock() * 1000)
         planned_from = table.metadata_location
         plan = plan_expiry(table.metadata, policy, now_ms, identifier)
-        work = bool(plan.expire or plan.remove_refs)
+        if policy.clean_expired_metadata:
+            plan_metadata_cleanup(table, plan)
+        work = plan.changes
         if fences is None and (work or _deletes_metadata_files(table)):
             fences = other_tables_fences(catalog or table.catalog, table, identifier)
         before = table_references(table)
@@ -503,7 +552,7 @@ def expire_snapshots(
     delete_unreachable(
         table, _unreachable(before, after), dry_run=dry_run, report=report, fences=fences
     )
-    would_commit = dry_run and bool(plan.expire or plan.remove_refs)
+    would_commit = dry_run and plan.changes
     metadata_files = old_metadata_files(table, after_commit=would_commit)
     delete_unreachable(table, metadata_files, dry_run=dry_run, report=report, fences=fences)
     return ExpireResult(identifier, dry_run, policy, plan, report, time.monotonic() - started)
