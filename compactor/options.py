@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     AfterValidator,
@@ -39,7 +39,8 @@ MIN_FILE_SIZE_RATIO = 0.75
 MAX_FILE_SIZE_RATIO = 1.80
 # The order groups are rewritten (and, with partial progress, committed) in: Spark's
 # rewrite-job-order values, and compactor's default, most files first.
-REWRITE_JOB_ORDERS = ("most-fragmented", "bytes-asc", "bytes-desc", "files-asc", "files-desc")
+RewriteJobOrder = Literal["most-fragmented", "bytes-asc", "bytes-desc", "files-asc", "files-desc"]
+REWRITE_JOB_ORDERS = get_args(RewriteJobOrder)
 DEFAULT_REWRITE_JOB_ORDER = "most-fragmented"
 DEFAULT_MIN_INPUT_FILES = 5
 # Files with many deletes are candidates even when right-sized (as Spark's rewrite_data_files):
@@ -76,7 +77,8 @@ DEFAULT_MAX_COMMITS = 10
 # A run's lease on a table lasts this long without a heartbeat (heartbeats come every third).
 DEFAULT_LEASE_TTL_S = 600.0
 # Where groups are rewritten: threads of this process, or tasks on a Ray cluster (compactor[ray]).
-EXECUTORS = ("threads", "ray")
+Executor = Literal["threads", "ray"]
+EXECUTORS = get_args(Executor)
 DEFAULT_EXECUTOR = "threads"
 # Orphan removal never deletes files younger than this unless explicitly allowed
 # (--allow-short-older-than): a commit or a compaction run in flight may still need them.
@@ -129,8 +131,8 @@ class RewriteOptions:
     ray_address: str | None = None
     bulk_read: bool = True
     memory_limit: int = DEFAULT_MEMORY_LIMIT
-    # Files below min_file_size or above max_file_size are candidates (Spark's names); 0 and
-    # None: MIN_FILE_SIZE_RATIO and MAX_FILE_SIZE_RATIO of the target.
+    # Files below min_file_size or above max_file_size are candidates (Spark's names); None:
+    # MIN_FILE_SIZE_RATIO and MAX_FILE_SIZE_RATIO of the target.
     min_file_size_given: int | None = None
     max_file_size_given: int | None = None
     rewrite_all: bool = False
@@ -286,7 +288,7 @@ class CompactOptions(BaseModel):
     where: Filter | None = None
     commit_every: Annotated[int, _at_least(0, "0 (off) or more")] = DEFAULT_COMMIT_EVERY
     max_commits: Annotated[int, _at_least(1)] = DEFAULT_MAX_COMMITS
-    executor: Literal["threads", "ray"] = DEFAULT_EXECUTOR
+    executor: Executor = DEFAULT_EXECUTOR
     ray_address: str | None = None
     bulk_read: bool = True
     memory_limit: Size | None = None
@@ -294,9 +296,7 @@ class CompactOptions(BaseModel):
     max_file_size: Size | None = None
     rewrite_all: bool = False
     max_files_to_rewrite: Annotated[int, _at_least(1)] | None = None
-    rewrite_job_order: Literal[
-        "most-fragmented", "bytes-asc", "bytes-desc", "files-asc", "files-desc"
-    ] = DEFAULT_REWRITE_JOB_ORDER
+    rewrite_job_order: RewriteJobOrder = DEFAULT_REWRITE_JOB_ORDER
     max_failed_commits: Annotated[int, _at_least(0)] | None = None
 
     @model_validator(mode="after")
@@ -313,6 +313,10 @@ class CompactOptions(BaseModel):
         return {name: getattr(self, name) for name in CompactOptions.model_fields}
 
 
+# The options whose value is one of a few names, listed in their errors.
+_CHOICES = {"executor": EXECUTORS, "rewrite_job_order": REWRITE_JOB_ORDERS}
+
+
 def compact_options(**options: Any) -> CompactOptions:
     """Validate option keywords; the first problem is a UsageError naming the option."""
     try:
@@ -327,8 +331,8 @@ def compact_options(**options: Any) -> CompactOptions:
         if error["type"] == "extra_forbidden":
             known = ", ".join(CompactOptions.model_fields)
             raise UsageError(f"{name}: unknown option (options: {known})", name) from None
-        if error["type"] == "literal_error" and name in ("executor", "rewrite_job_order"):
-            allowed = ", ".join(map(repr, EXECUTORS if name == "executor" else REWRITE_JOB_ORDERS))
+        if error["type"] == "literal_error" and name in _CHOICES:
+            allowed = ", ".join(map(repr, _CHOICES[name]))
             message = f"{name} {options[name]!r}: must be one of {allowed}"
             raise UsageError(message, name) from None
         message = error["msg"].removeprefix("Value error, ")

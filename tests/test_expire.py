@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -661,9 +662,7 @@ def test_explicit_snapshot_ids_are_expired_whatever_their_age(catalog: SqlCatalo
     kept = {sid: table.scan(snapshot_id=sid).to_arrow() for sid in (ids[1], ids[3])}
     young = policy(cutoff_ms=0)  # nothing is old enough to go by age
 
-    result = expire_snapshots(
-        table, TABLE, RetentionPolicy(**{**vars(young), "snapshot_ids": frozenset(ids[::2])})
-    )
+    result = expire_snapshots(table, TABLE, replace(young, snapshot_ids=frozenset(ids[::2])))
 
     assert sorted(result.plan.expire) == sorted(ids[::2])
     table = catalog.load_table(TABLE)
@@ -683,7 +682,7 @@ def test_an_explicit_snapshot_a_ref_holds_or_the_table_lacks_is_refused(
     table.manage_snapshots().create_tag(ids[0], "kept").commit()
     wanted = {"current": ids[2], "tag": ids[0], "unknown": 12345}[which]
     before = table.metadata_location, disk_files(table)
-    rules = RetentionPolicy(**{**vars(policy(cutoff_ms=0)), "snapshot_ids": frozenset([wanted])})
+    rules = replace(policy(cutoff_ms=0), snapshot_ids=frozenset([wanted]))
 
     with pytest.raises(UsageError, match=rf"^table {TABLE}: snapshot_ids: {wanted} "):
         expire_snapshots(table, TABLE, rules)
@@ -743,7 +742,7 @@ def test_clean_expired_metadata_removes_specs_and_schemas_nothing_retained_uses(
     assert [s.spec_id for s in table.metadata.partition_specs] == [0, 1]
     assert [s.schema_id for s in table.metadata.schemas] == [0, 1]
     rows = scan_rows(table)
-    rules = RetentionPolicy(**{**vars(policy(cutoff_ms=1 << 62)), "clean_expired_metadata": True})
+    rules = replace(policy(cutoff_ms=1 << 62), clean_expired_metadata=True)
 
     result = expire_snapshots(
         table, TABLE, rules, dry_run=dry_run, clock=after_every_snapshot(table)
@@ -775,7 +774,7 @@ def test_a_spec_a_retained_snapshot_uses_is_kept(catalog: SqlCatalog) -> None:
     table = _evolved_table(catalog)
     first = table.metadata.snapshots[0].snapshot_id
     table.manage_snapshots().create_tag(first, "before-evolution").commit()
-    rules = RetentionPolicy(**{**vars(policy(cutoff_ms=1 << 62)), "clean_expired_metadata": True})
+    rules = replace(policy(cutoff_ms=1 << 62), clean_expired_metadata=True)
 
     result = expire_snapshots(table, TABLE, rules, clock=after_every_snapshot(table))
 

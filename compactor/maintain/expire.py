@@ -166,7 +166,7 @@ def _ancestors(metadata: TableMetadata, snapshot_id: int) -> list[int]:
 
 
 def plan_expiry(
-    metadata: TableMetadata, policy: RetentionPolicy, now_ms: int, identifier: str = ""
+    metadata: TableMetadata, policy: RetentionPolicy, now_ms: int, identifier: str
 ) -> ExpiryPlan:
     """Decide which snapshots and refs go, per the rules in this module's docstring.
 
@@ -241,17 +241,15 @@ def _check_explicit(
         ref.snapshot_id: name for name, ref in metadata.refs.items() if name not in dropped_refs
     }
     for snapshot_id in sorted(snapshot_ids):
-        problem = (
-            "is not a snapshot of the table"
-            if snapshot_id not in known
-            else f"is the head of {heads[snapshot_id]!r}: drop or move that ref first"
-            if snapshot_id in heads
-            else None
+        if snapshot_id not in known:
+            problem = "is not a snapshot of the table"
+        elif snapshot_id in heads:
+            problem = f"is the head of {heads[snapshot_id]!r}: drop or move that ref first"
+        else:
+            continue
+        raise UsageError(
+            f"table {identifier}: snapshot_ids: {snapshot_id} {problem}", "snapshot_ids"
         )
-        if problem:
-            raise UsageError(
-                f"table {identifier}: snapshot_ids: {snapshot_id} {problem}", "snapshot_ids"
-            )
 
 
 @dataclass

@@ -446,9 +446,9 @@ def _split_for_idle_workers(groups: list[FileGroup], options: RewriteOptions) ->
     unpartitioned table, say) would leave every other core idle. While there are fewer groups
     than ``options.parallelism``, the largest group with at least two target files' worth of
     input is cut, in write order, after the whole number of target files nearest half its
-    input, so that both halves still write target-size files (each half ends with a partial file, as every group
-    does: a cut adds at most one). Halves that would not be worth rewriting on their own stay
-    together.
+    input, so that both halves still write target-size files (each half ends with a partial
+    file, as every group does: a cut adds at most one). Halves that would not be worth
+    rewriting on their own stay together.
     """
     workers, target = options.parallelism or 1, options.target_file_size
     result, whole_groups = list(groups), []

@@ -145,8 +145,8 @@ class BulkRead:
             while start < len(inputs):
                 end = start + 1
                 bulk = self._candidate(inputs[start])
-                limit = start + CHUNK_FILES if bulk else len(inputs)
-                while end < min(limit, len(inputs)) and self._candidate(inputs[end]) == bulk:
+                stop = min(start + CHUNK_FILES, len(inputs)) if bulk else len(inputs)
+                while end < stop and self._candidate(inputs[end]) == bulk:
                     end += 1
                 chunk, start = inputs[start:end], end
                 if not bulk:
