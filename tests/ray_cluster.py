@@ -75,6 +75,9 @@ def node_environment(home: Path) -> dict[str, str]:
         NO_PROXY="127.0.0.0/8,localhost",
         no_proxy="127.0.0.0/8,localhost",
         RAY_USAGE_STATS_ENABLED="0",
+        # The head's client proxy waits this long for the server it starts for each Ray client
+        # connection (Ray's default, 30 s, is short on a loaded two-core machine).
+        RAY_CLIENT_SERVER_CHECK_CHANNEL_TIMEOUT_S="180",
     )
     return env
 
@@ -226,6 +229,15 @@ class RayCluster:
             self.retired.append(node)
             self.add_worker()
         self.wait_until_ready()
+
+    def client_server_logs(self, tail: int = 40) -> str:
+        """The last lines of the head's Ray client server logs (proxy and per-client servers)."""
+        assert self.head is not None
+        logs = sorted(self.head.temp_dir.glob("session_*/logs/ray_client_server*"))
+        return "\n".join(
+            f"--- {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-tail:])
+            for log in logs
+        )
 
     def stop(self) -> None:
         """Stop every node, workers first; then no process of the cluster is left."""

@@ -49,6 +49,7 @@ from compactor.execute.ray_executor import (  # noqa: E402
     ROW_GROUP_FACTOR,
     MiB,
     RayExecutor,
+    _init_failure,
     task_memory,
 )
 from compactor.options import resolve_options  # noqa: E402
@@ -456,7 +457,11 @@ def test_tasks_run_through_the_ray_client(s3: S3Bucket, cluster: RayCluster) -> 
     tasks = plan_tasks(
         plan_rewrite(table, TABLE, options), uuid.uuid4().hex[:12], table.io.properties
     )
-    with RayExecutor(cluster.client_address) as executor:
+    try:
+        executor = RayExecutor(cluster.client_address)
+    except CompactorError as exc:
+        pytest.fail(f"{exc}\n{cluster.client_server_logs()}")
+    with executor:
         outcomes = [outcome for _, outcome in executor.run(tasks, EventToken())]
         nodes = dict(executor.nodes)
     results = [outcome for outcome in outcomes if isinstance(outcome, TaskResult)]
@@ -466,6 +471,18 @@ def test_tasks_run_through_the_ray_client(s3: S3Bucket, cluster: RayCluster) -> 
 
 
 # --- connecting ---------------------------------------------------------------------------------
+
+
+def test_a_failed_client_connection_names_the_servers_cause_in_one_line() -> None:
+    traceback = (
+        "Initialization failure from server:\nTraceback (most recent call last):\n"
+        '  File "proxier.py", line 770, in Datapath\n'
+        "RuntimeError: Proxy failed to Connect to backend!\n"
+    )
+    assert _init_failure(ConnectionAbortedError(traceback)) == (
+        "Initialization failure from server: RuntimeError: Proxy failed to Connect to backend!"
+    )
+    assert _init_failure(ConnectionError("refused\nmore")) == "refused"
 
 
 def test_unreachable_address_fails_fast_with_one_line(s3: S3Bucket, unused_port: int) -> None:

@@ -205,6 +205,16 @@ def _probe(target: str) -> None:
         raise CompactorError(f"ray: cannot connect to {target}: {first_line(exc)}") from None
 
 
+def _init_failure(exc: BaseException) -> str:
+    """One line for a failed ``ray.init``: the first line and, when it only introduces what
+    follows (the Ray client's "Initialization failure from server:" and the server's
+    traceback), also the last line, which names the cause."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].endswith(":"):
+        return f"{lines[0]} {lines[-1]}"
+    return first_line(exc)
+
+
 class _Connection:
     """This process's connection to Ray, shared by every executor; shut down by its last user.
 
@@ -282,7 +292,7 @@ def _init(target: str, parallelism: int | None) -> None:
     except ValueError as exc:
         raise UsageError(f"ray_address {target!r}: {first_line(exc)}", "ray_address") from None
     except Exception as exc:
-        raise CompactorError(f"ray: cannot connect to {target}: {first_line(exc)}") from None
+        raise CompactorError(f"ray: cannot connect to {target}: {_init_failure(exc)}") from None
     finally:
         # ray.init makes SIGTERM exit the process; the caller's handler stops a run cleanly.
         for sig, handler in handlers.items():
