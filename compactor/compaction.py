@@ -98,6 +98,7 @@ class RunResult:
             "start_snapshot_id": self.plan.snapshot_id,
             "snapshot_id": self.snapshot_ids[-1] if self.snapshot_ids else None,
             "snapshot_ids": self.snapshot_ids,
+            "strategy": self.plan.options.strategy,
             "groups": len(self.plan.groups),
             "committed_groups": len(committed),
             "failed_groups": [vars(f) for f in sorted(self.failures, key=lambda f: f.group_id)],

@@ -43,6 +43,10 @@ RewriteJobOrder = Literal["most-fragmented", "bytes-asc", "bytes-desc", "files-a
 REWRITE_JOB_ORDERS = get_args(RewriteJobOrder)
 DEFAULT_REWRITE_JOB_ORDER = "most-fragmented"
 DEFAULT_MIN_INPUT_FILES = 5
+# How a group's rows are ordered: as read (bin-pack), sorted, or z-ordered (Spark's strategies).
+Strategy = Literal["binpack", "sort", "zorder"]
+STRATEGIES = get_args(Strategy)
+DEFAULT_STRATEGY = "binpack"
 # Files with many deletes are candidates even when right-sized (as Spark's rewrite_data_files):
 # at least N delete files (off unless given), or deleted rows >= this share of the file's rows.
 DEFAULT_DELETE_FILE_THRESHOLD: int | None = None
@@ -139,6 +143,12 @@ class RewriteOptions:
     max_files_to_rewrite: int | None = None
     rewrite_job_order: str = DEFAULT_REWRITE_JOB_ORDER
     max_failed_commits: int | None = None  # None: max_commits (Spark's default)
+    strategy: str = DEFAULT_STRATEGY
+    sort_order: str | None = None  # None with strategy sort: the table's sort order
+    zorder: str | None = None
+    branch: str = "main"  # the branch planned from and committed to
+    # Files of other partition specs are rewritten into this one (None: each keeps its spec).
+    output_spec_id: int | None = None
     warnings: tuple[str, ...] = ()  # one line each, e.g. a table property replaced by a bound
 
     @property
@@ -269,6 +279,23 @@ Size = Annotated[str, checked(parse_size)]
 Filter = Annotated[str, checked(lambda value, _: check_filter_syntax(value))]
 
 
+def _sort_order_syntax(value: str, option: str) -> None:
+    from compactor.planning.sort_order import parse_sort_order
+
+    parse_sort_order(value, option)
+
+
+def _columns_syntax(value: str, option: str) -> None:
+    from compactor.planning.sort_order import parse_columns
+
+    parse_columns(value, option)
+
+
+def _branch_name(value: str, option: str) -> None:
+    if not value.strip():
+        raise UsageError(f"{option}: must name a branch, got {value!r}", option)
+
+
 class CompactOptions(BaseModel):
     """The options of a compaction one can give — by keyword, flag or job-file key; None = not given.
 
@@ -298,6 +325,35 @@ class CompactOptions(BaseModel):
     max_files_to_rewrite: Annotated[int, _at_least(1)] | None = None
     rewrite_job_order: RewriteJobOrder = DEFAULT_REWRITE_JOB_ORDER
     max_failed_commits: Annotated[int, _at_least(0)] | None = None
+    strategy: Strategy = DEFAULT_STRATEGY
+    sort_order: Annotated[str, checked(_sort_order_syntax)] | None = None
+    zorder: Annotated[str, checked(_columns_syntax)] | None = None
+    branch: Annotated[str, checked(_branch_name)] = "main"
+    output_spec_id: Annotated[int, _at_least(0)] | None = None
+
+    @model_validator(mode="after")
+    def _ordering_matches_strategy(self) -> CompactOptions:
+        problem = None
+        if self.sort_order is not None and self.strategy != "sort":
+            problem = UsageError(
+                f"sort_order {self.sort_order!r}: is only used with strategy 'sort'",
+                "sort_order",
+                "strategy",
+            )
+        elif self.zorder is not None and self.strategy != "zorder":
+            problem = UsageError(
+                f"zorder {self.zorder!r}: is only used with strategy 'zorder'", "zorder", "strategy"
+            )
+        elif self.zorder is None and self.strategy == "zorder":
+            problem = UsageError(
+                "strategy 'zorder': give the columns to interleave with zorder (example: "
+                '"event_time, region")',
+                "zorder",
+                "strategy",
+            )
+        if problem is not None:
+            raise _OptionValueError(problem, names_itself=True)
+        return self
 
     @model_validator(mode="after")
     def _ray_address_needs_ray(self) -> CompactOptions:
@@ -314,7 +370,11 @@ class CompactOptions(BaseModel):
 
 
 # The options whose value is one of a few names, listed in their errors.
-_CHOICES = {"executor": EXECUTORS, "rewrite_job_order": REWRITE_JOB_ORDERS}
+_CHOICES = {
+    "executor": EXECUTORS,
+    "rewrite_job_order": REWRITE_JOB_ORDERS,
+    "strategy": STRATEGIES,
+}
 
 
 def compact_options(**options: Any) -> CompactOptions:
@@ -457,5 +517,10 @@ def resolve_options(table: str, table_properties: dict[str, str], **options: Any
         max_files_to_rewrite=given.max_files_to_rewrite,
         rewrite_job_order=given.rewrite_job_order,
         max_failed_commits=given.max_failed_commits,
+        strategy=given.strategy,
+        sort_order=given.sort_order,
+        zorder=given.zorder,
+        branch=given.branch,
+        output_spec_id=given.output_spec_id,
         warnings=warnings,
     )

@@ -269,6 +269,31 @@ def test_queries_bench_reports_identical_results_on_fewer_files(tmp_path: Path) 
     assert (out / "chart.png").read_bytes().startswith(PNG_MAGIC)
 
 
+def test_queries_bench_with_a_sort_strategy_runs_filtered_queries_and_counts_skips(
+    tmp_path: Path,
+) -> None:
+    _, report = bench(
+        tmp_path,
+        "queries",
+        *("--scale-factor", SCALE_FACTOR, "--target-file-size", "256KB", "--allow-small-target"),
+        *QUICK,
+        *("--file-size", "64KB", "--queries", "96", "--strategy", "sort"),
+    )
+
+    assert report["parameters"]["strategy"] == "sort"
+    queries = {q["query"]: q for q in report["queries"]}
+    assert list(queries) == [96, 901, 902, 903, 904]
+    assert all(q["identical_results"] and q["before"]["rows"] for q in queries.values())
+    assert "pruning" not in queries[96]
+    for number in (901, 903):  # on the date key, which the fact tables are sorted by first
+        before, after = queries[number]["pruning"]["before"], queries[number]["pruning"]["after"]
+        assert before["files"] > after["files"] > after["files_to_read"] > 0
+        assert after["row_groups"] > after["row_groups_to_read"] > 0
+    markdown = (tmp_path / "report" / "report.md").read_text()
+    assert "Strategy sort: what min/max statistics let a reader skip" in markdown
+    assert "| 901 |" in markdown
+
+
 def test_queries_bench_on_local_s3_counts_fewer_gets_after_compaction(tmp_path: Path) -> None:
     _, report = bench(
         tmp_path,

@@ -489,3 +489,43 @@ def test_a_table_target_outside_the_range_warns_once_and_inspect_and_run_go_on(
             "64MB..512MiB; using 64MB (allow_small_target uses it as it is)"
         ]
     assert json.loads(inspected.stdout)["target_file_size"] == 64 * 10**6
+
+
+def test_sort_and_zorder_runs_name_their_order_and_bad_orders_are_usage_errors(home: Path) -> None:
+    before = Untouched(home)
+    dry = run_table(
+        home, *SMALL_TARGET, "--strategy", "zorder", "--zorder", "ts, user_id", "--dry-run"
+    )
+    assert dry.returncode == 0, dry.stderr
+    assert "order: zorder(ts, user_id)" in dry.stdout
+
+    for args, message in (
+        (
+            ("--strategy", "sort"),
+            f"error: table {TABLE}: has no sort order: give one with --sort-order",
+        ),
+        (("--sort-order", "ts"), "error: --sort-order 'ts': is only used with --strategy 'sort'"),
+        (
+            ("--strategy", "sort", "--sort-order", "nope"),
+            f"error: table {TABLE}: --sort-order: no column 'nope'",
+        ),
+    ):
+        bad = run_table(home, *SMALL_TARGET, *args)
+        assert bad.returncode == 2, bad.stderr
+        assert bad.stderr.startswith(message) and bad.stderr.count("\n") == 1, bad.stderr
+    before.check()
+
+    result = run_table(
+        home,
+        *SMALL_TARGET,
+        "--strategy",
+        "sort",
+        "--sort-order",
+        "user_id DESC NULLS LAST",
+        "--json",
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["strategy"] == "sort"
+    assert report["plan"]["order"] == "user_id DESC NULLS LAST"
+    assert report["added_files"] > 0

@@ -32,7 +32,6 @@ from pyiceberg.table.snapshots import Operation
 
 from compactor import compaction
 from compactor.bench.sample import create_events_table, events_batch
-from compactor.commit.committer import commit_replace
 from compactor.errors import CommitConflictError
 from compactor.options import resolve_options
 
@@ -48,15 +47,19 @@ def events(catalog: Catalog) -> Table:
 def _compact_with_concurrent(
     catalog: Catalog, monkeypatch: pytest.MonkeyPatch, concurrent: Callable[[Table], None]
 ) -> compaction.RunResult:
-    """Run a compaction; ``concurrent`` commits through another table object before it commits."""
+    """Run a compaction; ``concurrent`` commits through another table object just before the
+    run's first catalog call, after the run last read the table (so the catalog must refuse
+    the run's stale commit, and the run re-validate)."""
     calls = []
+    commit_table = catalog.commit_table
 
-    def commit_after_concurrent_writer(table: Table, *args, **kwargs):
-        calls.append(1)
-        concurrent(catalog.load_table(TABLE))
-        return commit_replace(table, *args, **kwargs)
+    def concurrent_writer_first(table: Table, requirements: tuple, updates: tuple):
+        if not calls and f"{'.'.join(table.name())}" == TABLE:
+            calls.append(1)
+            concurrent(catalog.load_table(TABLE))
+        return commit_table(table, requirements, updates)
 
-    monkeypatch.setattr(compaction, "commit_replace", commit_after_concurrent_writer)
+    monkeypatch.setattr(catalog, "commit_table", concurrent_writer_first)
     table = catalog.load_table(TABLE)
     options = resolve_options(TABLE, table.metadata.properties, **DEFAULT_OPTIONS)
     result = compaction.compact(table, TABLE, options)

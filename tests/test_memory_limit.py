@@ -42,7 +42,9 @@ def _random_rows(rng: np.random.Generator, count: int) -> pa.Table:
     )
 
 
-def _compact(catalog: SqlCatalog, tmp_path: Path, limit_mib: int) -> tuple[dict, float]:
+def _compact(
+    catalog: SqlCatalog, tmp_path: Path, limit_mib: int, *extra: str
+) -> tuple[dict, float]:
     """``compactor run --memory-limit`` on db.m; its JSON result and its peak RSS in MiB."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYICEBERG_")}
     prefix = "PYICEBERG_CATALOG__DEFAULT__"
@@ -64,6 +66,7 @@ def _compact(catalog: SqlCatalog, tmp_path: Path, limit_mib: int) -> tuple[dict,
         "--target-file-size",
         "512MiB",
         "--json",
+        *extra,
     ]
     process = subprocess.Popen(
         command,
@@ -114,5 +117,24 @@ def test_a_group_of_many_small_files_read_in_bulk(catalog: SqlCatalog, tmp_path:
 
     assert result["rewritten_files"] == result["bulk_read_files"] == files >= 4000
     assert files * rows_per_file * ROW_BYTES > LIMIT_MIB * 2**20
+    print(f"peak {peak_mib:.0f} MiB")
+    assert peak_mib <= 1.25 * LIMIT_MIB, f"peak {peak_mib:.0f} MiB"
+
+
+def test_a_group_sorted_out_of_core(catalog: SqlCatalog, tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    table = catalog.create_table(
+        "db.m", SCHEMA, properties={"write.target-file-size-bytes": str(2**30)}
+    )
+    files, file_bytes = 60, 12 * 2**20
+    for _ in range(files):
+        table.append(_random_rows(rng, file_bytes // ROW_BYTES))
+
+    result, peak_mib = _compact(
+        catalog, tmp_path, LIMIT_MIB, "--strategy", "sort", "--sort-order", "a"
+    )
+
+    assert result["rewritten_files"] == files and result["strategy"] == "sort"
+    assert files * file_bytes > 2 * LIMIT_MIB * 2**20
     print(f"peak {peak_mib:.0f} MiB")
     assert peak_mib <= 1.25 * LIMIT_MIB, f"peak {peak_mib:.0f} MiB"

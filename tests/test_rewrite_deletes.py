@@ -355,19 +355,27 @@ def test_concurrent_removal_of_a_replaced_delete_file_refuses_its_partition(
     db2 = _delete(table, {b2: [3]})
     concurrent: dict[str, object] = {}
 
-    def commit_after_other_writer(t: Table, *args, **kwargs):
-        other = catalog.load_table("db.t")
-        _remove_delete_file(other, da2)
-        concurrent["rows"] = scan_rows(other)
-        concurrent["java"] = _java_rows(other)
+    def note_outputs(t: Table, *args, **kwargs):
         concurrent["outputs"] = {
             d.file_path for g in args[3] for d in g.outputs if g.partition[0] == "a"
         }
         assert all(_local(p).exists() for p in concurrent["outputs"])
         return original(t, *args, **kwargs)
 
+    def other_writer_first(t: Table, requirements: tuple, updates: tuple):
+        # Just before the rewrite's first catalog call, after it last read the table.
+        if "rows" not in concurrent:
+            other = catalog.load_table("db.t")
+            concurrent["rows"] = None
+            _remove_delete_file(other, da2)
+            concurrent["rows"] = scan_rows(other)
+            concurrent["java"] = _java_rows(other)
+        return commit_table(t, requirements, updates)
+
     original = delete_rewrite.commit_delete_rewrite
-    monkeypatch.setattr(delete_rewrite, "commit_delete_rewrite", commit_after_other_writer)
+    commit_table = catalog.commit_table
+    monkeypatch.setattr(delete_rewrite, "commit_delete_rewrite", note_outputs)
+    monkeypatch.setattr(catalog, "commit_table", other_writer_first)
 
     result = rewrite_position_deletes(table, "db.t")
 

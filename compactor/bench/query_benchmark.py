@@ -14,6 +14,7 @@ from typing import Any
 
 from pyiceberg.catalog import Catalog
 
+from compactor.bench.clustering import FILTERED_QUERIES, pruning_report, strategy_options
 from compactor.bench.progress import Advance, Steps
 from compactor.bench.queries import QueryMeasure, Row, run_query, same_results
 from compactor.bench.tpcds import (
@@ -46,6 +47,9 @@ class QueriesParameters:
     queries: list[int]
     warmup: int
     repetitions: int
+    # binpack, sort or zorder: how the fact tables are compacted; also runs the filtered
+    # queries (compactor.bench.clustering). None: bin-pack, the study's queries only.
+    strategy: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dict(vars(self))
@@ -77,6 +81,7 @@ def compact_tables(
             table.metadata.properties,
             target_file_size=parameters.target_file_size,
             allow_small_target=parameters.allow_small_target,
+            **strategy_options(parameters.strategy or "binpack", name),
         )
         size = int(table.current_snapshot().summary["total-files-size"] or 0)  # type: ignore[union-attr]
         with steps.step(f"compacting {identifier}", total=size) as advance:
@@ -193,6 +198,8 @@ def run_queries_benchmark(
     steps.note(f"generated TPC-DS at scale factor {parameters.scale_factor} in {generation_s:.1f}s")
     try:
         texts = query_texts(generator, parameters.queries)
+        if parameters.strategy is not None:
+            texts.update({q.number: q.text for q in FILTERED_QUERIES})
         names = generated_tables(generator)
         per_query = {n: tables_of(text, names) for n, text in texts.items()}
         tables = sorted({t for used in per_query.values() for t in used})
@@ -229,6 +236,7 @@ def run_queries_benchmark(
         f"in {load['commits']} commits ({load_s:.1f}s)"
     )
     before = _run_all(warehouse, catalog, tables, texts, parameters, steps, "before")
+    pruned_before = _pruning(catalog, tables, parameters)
     results = compact_tables(catalog, tables, parameters, steps)
     compaction = _compaction_stats(results)
     compaction["files_before"] = load["files"]
@@ -238,6 +246,7 @@ def run_queries_benchmark(
         f"in {compaction['seconds']:.1f}s ({compaction['mb_per_s']:.1f} MB/s)"
     )
     after = _run_all(warehouse, catalog, tables, texts, parameters, steps, "after")
+    pruned_after = _pruning(catalog, tables, parameters)
     rows = []
     for number in texts:
         (m_before, r_before), (m_after, r_after) = before[number], after[number]
@@ -253,6 +262,8 @@ def run_queries_benchmark(
                 "identical_results": same_results(r_before, r_after),
             }
         )
+        if number in pruned_before:
+            rows[-1]["pruning"] = {"before": pruned_before[number], "after": pruned_after[number]}
     return {
         "generation": {"seconds": generation_s},
         "load": load,
@@ -261,6 +272,16 @@ def run_queries_benchmark(
         "compaction": compaction,
         "s3_requests": _s3_requests(warehouse, rows),
     }
+
+
+def _pruning(
+    catalog: Catalog, tables: list[str], parameters: QueriesParameters
+) -> dict[int, dict[str, Any]]:
+    """Files and row groups each filtered query may skip by min/max statistics (if it runs)."""
+    if parameters.strategy is None:
+        return {}
+    loaded = {name: catalog.load_table(f"{NAMESPACE}.{name}") for name in tables}
+    return pruning_report(loaded)
 
 
 def _s3_requests(warehouse: Warehouse, rows: list[dict[str, Any]]) -> dict[str, Any] | None:

@@ -142,6 +142,28 @@ def queries_markdown(report: dict[str, Any]) -> str:
         "Files opened and bytes read: DuckDB's FileSystem log of one extra, untimed run of each "
         "query.",
     ]
+    pruned = [q for q in report["queries"] if "pruning" in q]
+    if pruned:
+        lines += [
+            "",
+            f"Strategy {p['strategy']}: what min/max statistics let a reader skip in the "
+            "filtered queries (files by their manifest bounds, row groups by their Parquet "
+            "statistics; to read / in the table):",
+            "",
+        ]
+        prune_rows = [
+            [
+                str(q["query"]),
+                *(
+                    f"{q['pruning'][phase][kind + '_to_read']:,} / {q['pruning'][phase][kind]:,}"
+                    for phase in ("before", "after")
+                    for kind in ("files", "row_groups")
+                ),
+            ]
+            for q in pruned
+        ]
+        header = ["query", "files before", "row groups before", "files after", "row groups after"]
+        lines += _table(header, prune_rows)
     if with_gets:
         s3 = report["s3_requests"]
         source = (

@@ -34,6 +34,7 @@ from compactor.options import (
     DEFAULT_MAX_COMMITS,
     DEFAULT_MIN_INPUT_FILES,
     DEFAULT_REWRITE_JOB_ORDER,
+    DEFAULT_STRATEGY,
     RewriteOptions,
     resolve_options,
 )
@@ -172,7 +173,8 @@ def _print_plan(plan: Plan) -> None:
     out.print(
         f"{plan.input_files} files ({format_size(plan.input_bytes)}) in {len(plan.groups)} groups "
         f"from {plan.data_files_scanned} data files scanned; target {format_size(plan.options.target_file_size)}; "
-        f"skipped: {skipped}"
+        + (f"order: {plan.clustering.describe()}; " if plan.clustering else "")
+        + f"skipped: {skipped}"
     )
 
 
@@ -358,6 +360,46 @@ def run(
             "(default: --max-commits; Spark's partial-progress.max-failed-commits)."
         ),
     ] = None,
+    strategy: Annotated[
+        str,
+        typer.Option(
+            help="How each group's rows are ordered in the new files: binpack (as read), sort "
+            "(by --sort-order, else the table's sort order) or zorder (by --zorder), Spark's "
+            "strategies. Sorting happens per group, out of core in --memory-limit, spilling "
+            "to $TMPDIR."
+        ),
+    ] = DEFAULT_STRATEGY,
+    sort_order: Annotated[
+        str | None,
+        typer.Option(
+            help="With --strategy sort: columns to sort by, in Spark's syntax, e.g. "
+            '"event_time ASC NULLS LAST, region DESC" (default ASC; nulls first for ASC, '
+            "last for DESC)."
+        ),
+    ] = None,
+    zorder: Annotated[
+        str | None,
+        typer.Option(
+            help="With --strategy zorder: the columns whose values are interleaved, e.g. "
+            '"lat, lon" (two to four columns cluster best).'
+        ),
+    ] = None,
+    branch: Annotated[
+        str,
+        typer.Option(
+            help="Compact this branch of the table: plan from its head and commit the "
+            "`replace` snapshot to it (Spark's branch option); other branches and main stay "
+            "as they are."
+        ),
+    ] = "main",
+    output_spec_id: Annotated[
+        int | None,
+        typer.Option(
+            help="Rewrite the files of every other partition spec into this one (usually the "
+            "current spec after a partitioning change), whatever their size, split by its "
+            "partitions (Spark's output-spec-id). Default: each file keeps its spec."
+        ),
+    ] = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the plan; write and commit nothing.")
     ] = False,
@@ -401,6 +443,11 @@ def run(
             max_files_to_rewrite=max_files_to_rewrite,
             rewrite_job_order=rewrite_job_order,
             max_failed_commits=max_failed_commits,
+            strategy=strategy,
+            sort_order=sort_order,
+            zorder=zorder,
+            branch=branch,
+            output_spec_id=output_spec_id,
         )
         _warn(options)
         bar = _Bar() if (not as_json and sys.stderr.isatty()) else None

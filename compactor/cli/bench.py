@@ -136,6 +136,15 @@ def queries(
             "time to first byte of an object store. Default: none (loopback speed)."
         ),
     ] = None,
+    strategy: Annotated[
+        str | None,
+        typer.Option(
+            help="Compact the fact tables with this strategy: binpack, sort (by date key, "
+            "then item key) or zorder (on both), and also run four filtered queries on "
+            "those columns (901-904), reporting the files and row groups min/max statistics "
+            "let a reader skip. Default: bin-pack, the study's queries only."
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """TPC-DS queries in DuckDB over fragmented Iceberg tables, before and after compaction.
@@ -150,6 +159,7 @@ def queries(
     """
 
     def go() -> None:
+        from compactor.bench.clustering import strategy_options
         from compactor.bench.progress import QuietSteps, RichSteps
         from compactor.bench.query_benchmark import QueriesParameters, run_queries_benchmark
         from compactor.bench.report import build_report
@@ -171,9 +181,14 @@ def queries(
             queries=parse_query_numbers(queries),
             warmup=warmup,
             repetitions=repetitions,
+            strategy=strategy,
         )
         resolve_options(
-            "tpcds", {}, target_file_size=target_file_size, allow_small_target=allow_small_target
+            "tpcds",
+            {},
+            target_file_size=target_file_size,
+            allow_small_target=allow_small_target,
+            **strategy_options(strategy or "binpack", "store_sales"),
         )
         steps = RichSteps(err) if err.is_terminal else QuietSteps()
         with (

@@ -60,7 +60,7 @@ from compactor.iceberg.pyiceberg_compat import (
     snapshot_manifests,
     write_manifest_list,
 )
-from compactor.planning.planner import FileGroup, InputFile, Plan
+from compactor.planning.planner import FileGroup, InputFile, Plan, is_unpartitioned
 from compactor.planning.tasks import TaskResult
 from compactor.storage.deleter import delete_files
 
@@ -106,8 +106,10 @@ class RetryPolicy:
         return wait * (0.5 + random.random() / 2) / 1000
 
 
-def _new_snapshots(table: Table, start_id: int | None, head: Snapshot | None) -> list[Snapshot]:
-    """Snapshots on the main branch committed after ``start_id``, newest first."""
+def _new_snapshots(
+    table: Table, start_id: int | None, head: Snapshot | None, branch: str
+) -> list[Snapshot]:
+    """Snapshots on ``branch`` (whose head is ``head``) committed after ``start_id``, newest first."""
     found: list[Snapshot] = []
     snapshot = head
     while snapshot is not None and snapshot.snapshot_id != start_id:
@@ -116,7 +118,8 @@ def _new_snapshots(table: Table, start_id: int | None, head: Snapshot | None) ->
         snapshot = table.metadata.snapshot_by_id(parent) if parent is not None else None
     if start_id is not None and snapshot is None:
         raise CommitConflictError(
-            f"the start snapshot {start_id} is no longer an ancestor of the main branch (rolled back?)"
+            f"the start snapshot {start_id} is no longer an ancestor of branch {branch} "
+            "(rolled back?)"
         )
     return found
 
@@ -139,7 +142,7 @@ def find_conflicts(
     if head is None or head.snapshot_id == plan.snapshot_id:
         return conflicts
     group_of = {f.path: g.group_id for g in groups for f in g.files}
-    for snapshot in _new_snapshots(table, plan.snapshot_id, head):
+    for snapshot in _new_snapshots(table, plan.snapshot_id, head, plan.options.branch):
         operation = snapshot.summary.operation if snapshot.summary else None
         if operation == Operation.APPEND:
             continue
@@ -165,6 +168,8 @@ def find_conflicts(
             elif data_file.content == DataFileContent.POSITION_DELETES:
                 new_position_deletes.add_delete_file(entry, partition_key=data_file.partition)
                 has_position_deletes = True
+            elif data_file.content == DataFileContent.EQUALITY_DELETES:
+                _moved_out_of_reach(table, groups, data_file, snapshot.snapshot_id, conflicts)
         if has_position_deletes:
             for g in groups:
                 for f in g.files:
@@ -178,6 +183,38 @@ def find_conflicts(
                             f"position delete {path} for input {f.path} added by snapshot {snapshot.snapshot_id}",
                         )
     return conflicts
+
+
+def _moved_out_of_reach(
+    table: Table,
+    groups: list[FileGroup],
+    delete_file: DataFile,
+    snapshot_id: int,
+    conflicts: dict[int, str],
+) -> None:
+    """Refuse groups moving inputs to another spec that a new equality delete scoped to their
+    old partition applies to: in the new spec's partitions it would no longer reach them.
+
+    (Groups that keep their partition keep the start snapshot's sequence number, so new
+    equality deletes still apply to their rows; global ones reach every partition.)
+    """
+    if is_unpartitioned(table.metadata.specs()[delete_file.spec_id]):
+        return
+    for group in groups:
+        if not group.repartition:
+            continue
+        for f in group.files:
+            same = (f.data_file.spec_id, f.data_file.partition) == (
+                delete_file.spec_id,
+                delete_file.partition,
+            )
+            if same:
+                conflicts.setdefault(
+                    group.group_id,
+                    f"equality delete {delete_file.file_path} for the partition of input {f.path} "
+                    f"added by snapshot {snapshot_id}",
+                )
+                break
 
 
 class _Attempt:
@@ -409,7 +446,7 @@ def commit_replace(
 
     def prepare() -> Snapshot | None:
         outcome.attempts += 1
-        head = table.metadata.snapshot_by_name(MAIN_BRANCH)
+        head = table.metadata.snapshot_by_name(plan.options.branch)
         refused = find_conflicts(table, plan, [plan.group(gid) for gid in pending], head)
         refused.update(_missing_outputs(table, pending.values()))
         for group_id, reason in refused.items():
@@ -422,15 +459,23 @@ def commit_replace(
             attempt, plan, head, pending, outcome, snapshot_properties, rewritten_before
         )
 
-    outcome.snapshot_id = commit_on_main(
-        table, plan.table, prepare, build, retry=retry, sleep=sleep, on_file=on_file, fence=fence
+    outcome.snapshot_id = commit_on_branch(
+        table,
+        plan.table,
+        prepare,
+        build,
+        retry=retry,
+        sleep=sleep,
+        on_file=on_file,
+        fence=fence,
+        branch=plan.options.branch,
     )
     if outcome.snapshot_id is not None:
         outcome.committed = list(pending.values())
     return outcome
 
 
-def commit_on_main(
+def commit_on_branch(
     table: Table,
     identifier: str,
     prepare: Callable[[], Snapshot | None],
@@ -440,11 +485,13 @@ def commit_on_main(
     sleep: Callable[[float], None] = time.sleep,
     on_file: Callable[[list[str]], None] | None = None,
     fence: Callable[[], None] | None = None,
+    branch: str = MAIN_BRANCH,
 ) -> int | None:
-    """Commit one snapshot on main, retrying catalog conflicts; its id, or None if none was due.
+    """Commit one snapshot on ``branch``, retrying catalog conflicts; its id, or None if none
+    was due.
 
-    Each attempt, ``prepare()`` validates against the table as it is now and returns main's
-    head, or None when nothing is left to commit; ``build(attempt, head)`` writes the manifests
+    Each attempt, ``prepare()`` validates against the table as it is now and returns the
+    branch's head, or None when nothing is left to commit; ``build(attempt, head)`` writes the manifests
     (through ``attempt``) and returns the snapshot, or None to validate again. ``fence`` runs just
     before each catalog call and raises if the run may no longer commit; ``on_file`` is told of
     every metadata file before it is written. Raises :class:`CommitConflictError` once the
@@ -457,6 +504,9 @@ def commit_on_main(
     attempts = 0
     while True:
         attempts += 1
+        # Other branches may have moved since the table was loaded: the new snapshot's sequence
+        # number must follow the table's last one, not the one this process last saw.
+        table.refresh()
         head = prepare()
         if head is None:
             return None
@@ -468,25 +518,33 @@ def commit_on_main(
                 continue  # files vanished without a conflicting snapshot in history; re-validate
             requirements = (
                 AssertTableUUID(uuid=table.metadata.table_uuid),
-                AssertRefSnapshotId(ref=MAIN_BRANCH, snapshot_id=head.snapshot_id),
+                AssertRefSnapshotId(ref=branch, snapshot_id=head.snapshot_id),
             )
-            main = table.metadata.refs[MAIN_BRANCH]
+            ref = table.metadata.refs[branch]
             updates = (
                 AddSnapshotUpdate(snapshot=snapshot),
-                SetSnapshotRefUpdate(  # keeps main's own retention, as Java does
-                    ref_name=MAIN_BRANCH,
+                SetSnapshotRefUpdate(  # keeps the branch's own retention, as Java does
+                    ref_name=branch,
                     type=SnapshotRefType.BRANCH,
                     snapshot_id=snapshot.snapshot_id,
                     parent_snapshot_id=head.snapshot_id,
-                    max_ref_age_ms=main.max_ref_age_ms,
-                    max_snapshot_age_ms=main.max_snapshot_age_ms,
-                    min_snapshots_to_keep=main.min_snapshots_to_keep,
+                    max_ref_age_ms=ref.max_ref_age_ms,
+                    max_snapshot_age_ms=ref.max_snapshot_age_ms,
+                    min_snapshots_to_keep=ref.min_snapshots_to_keep,
                 ),
             )
             if fence is not None:
                 fence()
             in_catalog_call = True
-            table.catalog.commit_table(table, requirements, updates)
+            try:
+                table.catalog.commit_table(table, requirements, updates)
+            except ValueError as exc:
+                # pyiceberg's SQL catalog applies the updates to the table as it is now and
+                # refuses a sequence number another branch's commit took meanwhile: nothing
+                # was written, retry as after any conflict.
+                if "sequence number" not in str(exc):
+                    raise
+                raise CommitFailedException(first_line(exc)) from exc
         except CommitFailedException as exc:
             attempt.discard()
             elapsed_ms = (time.monotonic() - started) * 1000

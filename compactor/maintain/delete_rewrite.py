@@ -71,7 +71,7 @@ from compactor.commit.committer import (
     _entries_added_by,
     _new_snapshots,
     carry_over,
-    commit_on_main,
+    commit_on_branch,
     replace_snapshot,
 )
 from compactor.commit.inflight import RunLease, remove_run_files
@@ -673,7 +673,7 @@ def find_delete_conflicts(
             targets[p].append(g.group_id)
         for p in g.referenced_paths:
             referenced[p].append(g.group_id)
-    for snapshot in _new_snapshots(table, start_snapshot_id, head):
+    for snapshot in _new_snapshots(table, start_snapshot_id, head, MAIN_BRANCH):
         sid = snapshot.snapshot_id
         for entry in _entries_added_by(table, snapshot):
             path = entry.data_file.file_path
@@ -748,7 +748,7 @@ def commit_delete_rewrite(
             attempt, head, start_manifests, pending, outcome, snapshot_properties
         )
 
-    outcome.snapshot_id = commit_on_main(
+    outcome.snapshot_id = commit_on_branch(
         table,
         identifier,
         prepare,

@@ -30,6 +30,8 @@ from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
+from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.transforms import VoidTransform
 from pyiceberg.typedef import Record
 
@@ -45,6 +47,7 @@ from compactor.iceberg.pyiceberg_compat import (
     snapshot_manifests,
 )
 from compactor.options import RewriteOptions
+from compactor.planning.sort_order import Clustering, resolve_clustering
 
 MANIFEST_READERS = 8
 
@@ -96,6 +99,8 @@ class FileGroup:
     partition_path: str
     files: list[InputFile]
     target_file_size: int
+    # Files of other specs rewritten into ``spec_id``: their rows are split by its partitions.
+    repartition: bool = False
 
     @property
     def input_bytes(self) -> int:
@@ -119,6 +124,7 @@ class FileGroup:
             "group_id": self.group_id,
             "spec_id": self.spec_id,
             "partition": self.partition_path or "(unpartitioned)",
+            "repartition": self.repartition,
             "input_files": len(self.files),
             "input_bytes": self.input_bytes,
             "input_records": self.input_records,
@@ -149,6 +155,8 @@ class Plan:
     start_manifests: frozenset[str] = frozenset()
     manifest_live_entries: dict[str, int] = field(default_factory=dict)
     skipped: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    # The order each group's rows are written in (strategy sort or zorder); None: bin-pack.
+    clustering: Clustering | None = None
 
     @property
     def input_files(self) -> int:
@@ -170,6 +178,9 @@ class Plan:
             "table": self.table,
             "snapshot_id": self.snapshot_id,
             "target_file_size": self.options.target_file_size,
+            "branch": self.options.branch,
+            "strategy": self.options.strategy,
+            "order": self.clustering.describe() if self.clustering else None,
             "data_files_scanned": self.data_files_scanned,
             "groups": [g.summary() for g in self.groups],
             "input_files": self.input_files,
@@ -322,11 +333,49 @@ def _pack(files: list[InputFile], max_group_size: int) -> list[list[InputFile]]:
     return [b for b in bins if b]
 
 
+def branch_head(table: Table, identifier: str, branch: str) -> Snapshot | None:
+    """The snapshot ``branch`` points at (None: main of a table with no snapshot yet)."""
+    ref = table.metadata.refs.get(branch)
+    if ref is None:
+        if branch == MAIN_BRANCH:
+            return None
+        branches = sorted(
+            n
+            for n, r in table.metadata.refs.items()
+            if r.snapshot_ref_type == SnapshotRefType.BRANCH
+        )
+        raise UsageError(
+            f"table {identifier}: no branch {branch!r} (branches: {', '.join(branches) or 'none'})",
+            "branch",
+        )
+    if ref.snapshot_ref_type != SnapshotRefType.BRANCH:
+        raise UsageError(
+            f"table {identifier}: {branch!r} is a tag; compactor commits to branches only",
+            "branch",
+        )
+    return table.metadata.snapshot_by_id(ref.snapshot_id)
+
+
+def _output_spec_id(
+    metadata: TableMetadata, identifier: str, options: RewriteOptions
+) -> int | None:
+    """The partition spec files of other specs are rewritten into, if any (checked)."""
+    wanted = options.output_spec_id
+    if wanted is not None and wanted not in metadata.specs():
+        known = ", ".join(map(str, sorted(metadata.specs())))
+        raise UsageError(
+            f"table {identifier}: output_spec_id {wanted}: no such partition spec "
+            f"(specs: {known}; current: {metadata.default_spec_id})",
+            "output_spec_id",
+        )
+    return wanted
+
+
 def plan_rewrite(table: Table, identifier: str, options: RewriteOptions) -> Plan:
-    """Plan the rewrite of ``table``'s current snapshot under ``options``."""
+    """Plan the rewrite of the head of ``table``'s branch (``options.branch``, main by default)."""
     metadata = table.metadata
     row_filter = parse_where(table, options.where)
-    snapshot = table.current_snapshot()
+    snapshot = branch_head(table, identifier, options.branch)
     plan = Plan(
         table=identifier,
         snapshot_id=snapshot.snapshot_id if snapshot else None,
@@ -335,7 +384,11 @@ def plan_rewrite(table: Table, identifier: str, options: RewriteOptions) -> Plan
         options=options,
         metadata=metadata,
         metadata_location=table.metadata_location,
+        clustering=resolve_clustering(
+            metadata, identifier, options.strategy, options.sort_order, options.zorder
+        ),
     )
+    output_spec = _output_spec_id(metadata, identifier, options)
     if snapshot is None:
         return plan
 
@@ -351,7 +404,8 @@ def plan_rewrite(table: Table, identifier: str, options: RewriteOptions) -> Plan
     global_targets_complete = isinstance(row_filter, AlwaysTrue)
     top_level = _top_level_ids(metadata.schema())
 
-    candidates: dict[tuple[int, Record], list[InputFile]] = defaultdict(list)
+    # (spec id, partition); (output spec id, None) for files moving into the output spec.
+    candidates: dict[tuple[int, Record | None], list[InputFile]] = defaultdict(list)
     specs = metadata.specs()
     incomplete: set[str] = set()
     delete_targets: dict[str, set[str]] = defaultdict(set)
@@ -385,12 +439,18 @@ def plan_rewrite(table: Table, identifier: str, options: RewriteOptions) -> Plan
             continue
         size = data_file.file_size_in_bytes
         wrong_size = size < options.min_file_size or size > options.max_file_size
-        if not (options.rewrite_all or wrong_size or too_many_deletes(data_file, deletes, options)):
+        moving = output_spec is not None and data_file.spec_id != output_spec
+        if not (
+            options.rewrite_all
+            or wrong_size
+            or moving
+            or too_many_deletes(data_file, deletes, options)
+        ):
             continue
         if any(not set(d.equality_ids or ()) <= top_level for d in equality):
             plan.skipped["equality_deletes_on_columns_no_longer_in_the_schema"] += 1
             continue
-        key = (data_file.spec_id, data_file.partition)
+        key = (output_spec, None) if moving else (data_file.spec_id, data_file.partition)
         candidates[key].append(
             InputFile(
                 data_file,
@@ -407,16 +467,28 @@ def plan_rewrite(table: Table, identifier: str, options: RewriteOptions) -> Plan
     for (spec_id, partition), files in candidates.items():
         files.sort(key=lambda f: (f.data_sequence_number, f.path))
         spec = specs[spec_id]
-        path = "" if is_unpartitioned(spec) else spec.partition_to_path(partition, schema)
+        if partition is None:
+            path = f"(other specs into spec {spec_id})"
+        else:
+            path = "" if is_unpartitioned(spec) else spec.partition_to_path(partition, schema)
         for members in _pack(files, options.max_group_size):
-            group = FileGroup(0, spec_id, partition, path, members, options.target_file_size)
+            group = FileGroup(
+                0,
+                spec_id,
+                Record() if partition is None else partition,
+                path,
+                members,
+                options.target_file_size,
+                repartition=partition is None,
+            )
             reason = _skip_reason(group, options)
             if reason:
                 plan.skipped[reason] += 1
             else:
                 groups.append(group)
 
-    groups = _split_for_idle_workers(groups, options)
+    if plan.clustering is None:  # a sorted group is one sorted run: it is never cut
+        groups = _split_for_idle_workers(groups, options)
     groups.sort(key=_JOB_ORDERS[options.rewrite_job_order])
     if options.max_files_to_rewrite is not None:
         groups = _within_max_files(groups, options.max_files_to_rewrite, plan)
@@ -500,7 +572,7 @@ def _within_max_files(groups: list[FileGroup], limit: int, plan: Plan) -> list[F
 
 def _skip_reason(group: FileGroup, options: RewriteOptions) -> str | None:
     """Why a group would not help (None when it should be rewritten)."""
-    if options.rewrite_all:
+    if options.rewrite_all or group.repartition:
         return None
     too_large = any(f.size > options.max_file_size for f in group.files)
     has_deletes = any(too_many_deletes(f.data_file, f.delete_files, options) for f in group.files)

@@ -29,8 +29,9 @@ from compactor.iceberg.codec import (
 )
 from compactor.iceberg.pyiceberg_compat import delete_file_key, with_s3_retries
 from compactor.planning.planner import Plan, TaskInput
+from compactor.planning.sort_order import Clustering
 
-JSON_VERSION = 3
+JSON_VERSION = 4
 
 
 def _types_to_json(types: PartitionTypes) -> dict[str, list[str]]:
@@ -75,6 +76,10 @@ class RewriteTask:
     equality_delete_sequence_numbers: Mapping[str, int] = field(default_factory=dict)
     # Read the inputs that need none of Iceberg's read rules in bulk (compactor.rewrite.bulk_read).
     bulk_read: bool = True
+    # Strategy sort or zorder: the order the rows are written in.
+    clustering: Clustering | None = None
+    # Inputs of other specs, written into ``spec_id`` split by its partitions.
+    repartition: bool = False
 
     @property
     def input_bytes(self) -> int:
@@ -109,6 +114,8 @@ class RewriteTask:
                     sorted(self.equality_delete_sequence_numbers.items())
                 ),
                 "bulk_read": self.bulk_read,
+                "clustering": self.clustering.to_json() if self.clustering else None,
+                "repartition": self.repartition,
                 "inputs": [
                     {
                         "data_file": encode_data_file(f.data_file, types),
@@ -153,6 +160,8 @@ class RewriteTask:
             inputs=inputs,
             equality_delete_sequence_numbers=data["equality_delete_sequence_numbers"],
             bulk_read=data["bulk_read"],
+            clustering=Clustering.from_json(data["clustering"]) if data["clustering"] else None,
+            repartition=data["repartition"],
         )
 
 
@@ -210,7 +219,8 @@ def plan_tasks(plan: Plan, run_id: str, io_properties: Mapping[str, str]) -> lis
             TaskInput(f.data_file, f.data_sequence_number, f.delete_files, f.file_sequence_number)
             for f in group.files
         )
-        spec_ids = {group.spec_id} | {d.spec_id for f in inputs for d in f.delete_files}
+        spec_ids = {group.spec_id} | {f.data_file.spec_id for f in inputs}
+        spec_ids |= {d.spec_id for f in inputs for d in f.delete_files}
         tasks.append(
             RewriteTask(
                 run_id=run_id,
@@ -236,6 +246,8 @@ def plan_tasks(plan: Plan, run_id: str, io_properties: Mapping[str, str]) -> lis
                     if d.content == DataFileContent.EQUALITY_DELETES
                 },
                 bulk_read=plan.options.bulk_read,
+                clustering=plan.clustering,
+                repartition=group.repartition,
             )
         )
     return tasks

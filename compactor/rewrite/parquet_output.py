@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyiceberg.io import FileIO
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+from pyiceberg.partitioning import partition_record_value
 from pyiceberg.schema import Schema
 from pyiceberg.table.locations import LocationProvider
 from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.transforms import VoidTransform
 from pyiceberg.typedef import Record
 
 from compactor.iceberg.pyiceberg_compat import (
@@ -25,6 +29,7 @@ from compactor.iceberg.pyiceberg_compat import (
     write_schema,
 )
 from compactor.planning.planner import is_unpartitioned
+from compactor.planning.sort_order import SortField
 
 # A file is closed once it is this close to the target; the next row group is sized to fill it.
 FILL_RATIO = 0.97
@@ -44,6 +49,7 @@ class OutputSpec:
     target_file_size: int
     row_group_size: int
     file_prefix: str
+    sort_order_id: int | None = None  # the table sort order the rows are written in
 
 
 @dataclass
@@ -90,10 +96,7 @@ class RollingParquetWriter:
         """
         if batch.num_rows == 0:
             return
-        if not batch.schema.equals(self._arrow_schema, check_metadata=True):
-            batch = to_write_batch(batch, self._read_schema, self._file_schema)
-            if batch.schema != self._arrow_schema:
-                batch = batch.cast(self._arrow_schema)
+        batch = self.to_output(batch)
         while batch.num_rows:
             budget = self._row_group_budget()
             room = budget - self._buffered_bytes
@@ -113,6 +116,14 @@ class RollingParquetWriter:
             self._buffered_bytes += head.nbytes
             self._flush_row_group()
             batch = batch.slice(rows)
+
+    def to_output(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """``batch`` (in the table's read schema, or already the output's) in :attr:`arrow_schema`."""
+        if not batch.schema.equals(self._arrow_schema, check_metadata=True):
+            batch = to_write_batch(batch, self._read_schema, self._file_schema)
+            if batch.schema != self._arrow_schema:
+                batch = batch.cast(self._arrow_schema)
+        return batch
 
     @property
     def arrow_schema(self) -> pa.Schema:
@@ -201,10 +212,119 @@ class RollingParquetWriter:
             file_format=FileFormat.PARQUET,
             partition=self.out.partition,
             file_size_in_bytes=size,
-            sort_order_id=None,
+            sort_order_id=self.out.sort_order_id,
             equality_ids=None,
             key_metadata=None,
             **file_statistics(current.writer.writer.metadata, self._file_schema, self._properties),
         )
         data_file.spec_id = self.out.spec_id
         self.data_files.append(data_file)
+
+
+class PartitioningWriter:
+    """Writes rows of many partitions of ``out``'s spec, one :class:`RollingParquetWriter` at a
+    time: rows must come ordered by their partition values (:func:`partition_order` first), so
+    each partition's files are written in turn and at most one file is open.
+    """
+
+    def __init__(self, out: OutputSpec, on_create: Callable[[str], None] | None = None) -> None:
+        self._out, self._on_create = out, on_create
+        self._template = RollingParquetWriter(out)
+        spec, schema = out.metadata.specs()[out.spec_id], out.metadata.schema()
+        positions = {
+            int(f.metadata[b"PARQUET:field_id"]): i
+            for i, f in enumerate(self._template.arrow_schema)
+            if f.metadata and b"PARQUET:field_id" in f.metadata
+        }
+        self._fields = [
+            (field, positions[field.source_id], schema.find_type(field.source_id))
+            for field in spec.fields
+        ]
+        self._schema = schema
+        self._current: RollingParquetWriter | None = None
+        self._done: list[RollingParquetWriter] = []
+
+    @property
+    def arrow_schema(self) -> pa.Schema:
+        return self._template.arrow_schema
+
+    def to_output(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        return self._template.to_output(batch)
+
+    @property
+    def created(self) -> list[str]:
+        return [p for w in self._writers() for p in w.created]
+
+    @property
+    def records_written(self) -> int:
+        return sum(w.records_written for w in self._writers())
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        """Write ``batch``, whose rows are ordered by partition, to each partition's files."""
+        if batch.num_rows == 0:
+            return
+        batch = self.to_output(batch)
+        values = [
+            pa.nulls(batch.num_rows)
+            if isinstance(field.transform, VoidTransform)
+            else field.transform.pyarrow_transform(kind)(batch.column(position))
+            for field, position, kind in self._fields
+        ]
+        starts = _run_starts(values, batch.num_rows)
+        for start, end in zip(starts, [*starts[1:], batch.num_rows], strict=True):
+            partition = Record(
+                *(
+                    partition_record_value(field, array[start].as_py(), self._schema)
+                    for (field, _, _), array in zip(self._fields, values, strict=True)
+                )
+            )
+            if self._current is None or self._current.out.partition != partition:
+                self._switch(partition)
+            assert self._current is not None
+            self._current.write(batch.slice(start, end - start))
+
+    def close(self) -> list[DataFile]:
+        """Close the last partition's file; returns every DataFile written."""
+        if self._current is not None:
+            self._current.close()
+        return [f for w in self._writers() for f in w.data_files]
+
+    def abort(self) -> None:
+        if self._current is not None:
+            self._current.abort()
+
+    def _switch(self, partition: Record) -> None:
+        if self._current is not None:
+            self._current.close()
+            self._done.append(self._current)
+        out = replace(self._out, partition=partition)
+        self._current = RollingParquetWriter(out, on_create=self._on_create)
+
+    def _writers(self) -> list[RollingParquetWriter]:
+        return self._done + ([self._current] if self._current is not None else [])
+
+
+def _run_starts(values: list[pa.Array], rows: int) -> list[int]:
+    """Positions where any of ``values`` (equal-length arrays) differs from the row before."""
+    changed = np.zeros(rows, dtype=bool)
+    changed[0] = True
+    for array in values:
+        if len(array) < 2:
+            continue
+        before, after = array.slice(0, rows - 1), array.slice(1)
+        differs = pc.fill_null(pc.not_equal(before, after), False)
+        one_null = pc.xor(before.is_null(), after.is_null())
+        changed[1:] |= np.asarray(pc.or_(differs, one_null), dtype=bool)
+    return [int(i) for i in np.flatnonzero(changed)]
+
+
+def partition_order(out: OutputSpec) -> tuple[SortField, ...]:
+    """Sort fields that order rows by ``out``'s spec partition values (void fields left out)."""
+    spec, schema = out.metadata.specs()[out.spec_id], out.metadata.schema()
+    return tuple(
+        SortField(
+            schema.find_column_name(field.source_id) or "", field.source_id, str(field.transform)
+        )
+        for field in spec.fields
+        if not isinstance(field.transform, VoidTransform)
+    )

@@ -25,9 +25,16 @@ from compactor.iceberg.pyiceberg_compat import (
     read_position_deletes,
 )
 from compactor.options import STREAM_FILE_THRESHOLD
+from compactor.planning.sort_order import Clustering
 from compactor.rewrite.bulk_read import BulkDone, BulkRead
 from compactor.rewrite.equality_deletes import EqualityDeleteApplier
-from compactor.rewrite.parquet_output import OutputSpec, RollingParquetWriter
+from compactor.rewrite.parquet_output import (
+    OutputSpec,
+    PartitioningWriter,
+    RollingParquetWriter,
+    partition_order,
+)
+from compactor.rewrite.sorting import SortingWriter
 from compactor.storage.deleter import delete_files
 
 if TYPE_CHECKING:
@@ -177,7 +184,7 @@ def _read_each(
     reader: _OrderedReader,
     files: Sequence[TaskInput],
     positions: dict[str, list[pa.ChunkedArray]],
-    writer: RollingParquetWriter,
+    writer: RollingParquetWriter | PartitioningWriter | SortingWriter,
     result: Rewritten,
     between_files: Callable[[], None],
 ) -> None:
@@ -209,6 +216,8 @@ def rewrite_files(
     between_files: Callable[[], None],
     on_file_created: Callable[[str], None],
     bulk_read: bool = True,
+    clustering: Clustering | None = None,
+    repartition: bool = False,
 ) -> Rewritten:
     """Rewrite ``inputs`` into new data files; on any failure remove what was written and raise.
 
@@ -218,10 +227,27 @@ def rewrite_files(
     rows read plus rows deleted by position deletes must equal each input file's record count
     (for files read in bulk, :mod:`compactor.rewrite.bulk_read`, their total). ``label`` names
     the group in errors; ``bulk_read=False`` reads every file through the Iceberg read path.
+    With ``clustering`` the rows are sorted (:mod:`compactor.rewrite.sorting`, in runs of
+    ``read_ahead`` bytes) before they are written. With ``repartition`` the inputs (of other
+    specs) are written into ``out``'s spec, split by its partitions: sorted by them first.
     """
-    writer = RollingParquetWriter(out, on_create=on_file_created)
+    writer: RollingParquetWriter | PartitioningWriter = (
+        PartitioningWriter(out, on_create=on_file_created)
+        if repartition
+        else RollingParquetWriter(out, on_create=on_file_created)
+    )
+    sink: RollingParquetWriter | PartitioningWriter | SortingWriter = writer
     result = Rewritten()
     try:
+        if clustering is not None or repartition:
+            sink = SortingWriter(
+                writer,
+                clustering,
+                out.metadata.schema(),
+                [f.data_file for f in inputs],
+                memory=read_ahead,
+                prefix=partition_order(out) if repartition else (),
+            )
         positions = _positions_by_file(out.io, inputs)
         reader = _OrderedReader(
             out.io, out.metadata, inputs, positions, equality_sequence_numbers, read_ahead
@@ -233,7 +259,7 @@ def rewrite_files(
         for item in bulk.items():
             if isinstance(item, pa.RecordBatch):
                 bulk_rows += item.num_rows
-                writer.write(item)
+                sink.write(item)
                 between_files()
             elif isinstance(item, BulkDone):
                 if bulk_rows != item.records:
@@ -245,14 +271,14 @@ def rewrite_files(
                 result.bulk_read_files += len(item.files)
                 bulk_rows = 0
             else:
-                _read_each(reader, item.files, positions, writer, result, between_files)
-        result.data_files = writer.close()
+                _read_each(reader, item.files, positions, sink, result, between_files)
+        result.data_files = sink.close()
         if writer.records_written != result.records_read:
             raise DataFileError(
                 f"{label}: wrote {writer.records_written} rows, read {result.records_read}"
             )
     except BaseException as exc:
-        writer.abort()
+        sink.abort()
         delete_files(out.io, writer.created)
         if isinstance(exc, CompactorError | KeyboardInterrupt | SystemExit):
             raise

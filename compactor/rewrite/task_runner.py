@@ -68,6 +68,8 @@ def load_table_state(
 
 
 def _label(task: RewriteTask, metadata: TableMetadata) -> str:
+    if task.repartition:
+        return f"group {task.task_id} (other specs into spec {task.spec_id})"
     spec = metadata.specs()[task.spec_id]
     unpartitioned = is_unpartitioned(spec)
     path = "" if unpartitioned else spec.partition_to_path(task.partition, metadata.schema())
@@ -104,6 +106,7 @@ def run_task(task: RewriteTask, cancel: CancelToken | None = None) -> TaskResult
         target_file_size=task.target_file_size,
         row_group_size=task.row_group_size,
         file_prefix=task.file_prefix,
+        sort_order_id=task.clustering.sort_order_id if task.clustering else None,
     )
     intent = IntentLog(io, metadata.location, task.run_id, task.task_id)
     rewritten = rewrite_files(
@@ -115,6 +118,8 @@ def run_task(task: RewriteTask, cancel: CancelToken | None = None) -> TaskResult
         between_files=check,
         on_file_created=intent.add,
         bulk_read=task.bulk_read,
+        clustering=task.clustering,
+        repartition=task.repartition,
     )
     return TaskResult(
         task_id=task.task_id,

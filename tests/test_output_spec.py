@@ -1,0 +1,128 @@
+"""``--output-spec-id``: files of older partition specs are rewritten into the given spec, split
+by its partitions; rows, partition values and Iceberg Java's reading stay right."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pyarrow as pa
+import pytest
+from helpers import (
+    DEFAULT_OPTIONS,
+    assert_rows_match_partition,
+    assert_same_rows,
+    commit_delete_files,
+    live_data_files,
+    live_entries,
+    read_data_file,
+    scan_rows,
+    write_equality_delete_file,
+)
+from java_reader import assert_java_reads_same
+from pyiceberg.catalog import Catalog
+from pyiceberg.table import Table
+from pyiceberg.transforms import BucketTransform
+
+from compactor import compaction
+from compactor.bench.sample import create_events_table, events_batch
+from compactor.commit.committer import commit_replace
+from compactor.errors import UsageError
+from compactor.options import resolve_options
+
+TABLE = "db.events"
+
+
+@pytest.fixture
+def evolved(catalog: Catalog) -> Table:
+    """Spec 0 (day, region: 3 x 4 partitions, 4 files each), then spec 1 adds bucket(4, user_id)
+    and drops the day (2 more commits in it)."""
+    table = create_events_table(catalog, TABLE, commits=4, rows_per_commit=480)
+    with table.update_spec() as update:
+        update.add_field("user_id", BucketTransform(4), "user_bucket")
+        update.remove_field("ts_day")
+    for commit in (10, 11):
+        table.append(events_batch(commit=commit, rows=480, days=3))
+    table = catalog.load_table(TABLE)
+    assert table.metadata.default_spec_id == 1
+    assert {f.spec_id for f in live_data_files(table).values()} == {0, 1}
+    return table
+
+
+def _compact(
+    catalog: Catalog, before_commit: Callable[[Table], None] | None = None, **options: object
+) -> compaction.RunResult:
+    table = catalog.load_table(TABLE)
+    resolved = resolve_options(
+        TABLE, table.metadata.properties, **{**DEFAULT_OPTIONS, "output_spec_id": 1, **options}
+    )
+    return compaction.compact(table, TABLE, resolved)
+
+
+def test_files_of_the_old_spec_move_into_the_new_one(catalog: Catalog, evolved: Table) -> None:
+    before = scan_rows(evolved)
+    old_files = [f for f in live_data_files(evolved).values() if f.spec_id == 0]
+
+    result = _compact(catalog)
+
+    table = catalog.load_table(TABLE)
+    data = result.to_dict()
+    assert data["failed_groups"] == []
+    moved = [g for g in data["plan"]["groups"] if g["repartition"]]
+    assert len(moved) == 1 and moved[0]["input_files"] == len(old_files)
+    live = list(live_data_files(table).values())
+    assert {f.spec_id for f in live} == {1}
+    for data_file in live:
+        assert_rows_match_partition(table, data_file)
+    # The moved rows: one file per partition of spec 1 (region x bucket, nulls included);
+    # the spec-1 files of each partition were compacted on their own, as Spark groups them.
+    prefix = f"compactor-{result.run_id}-g{moved[0]['group_id']:04d}-"
+    partitions = [tuple(f.partition) for f in live if prefix in f.file_path]
+    assert len(partitions) == len(set(partitions)) == 4 * 5
+    assert_same_rows(before, scan_rows(table))
+    assert_java_reads_same(table)
+
+
+def test_without_the_option_files_keep_their_spec(catalog: Catalog, evolved: Table) -> None:
+    _compact(catalog, output_spec_id=None)
+    assert {f.spec_id for f in live_data_files(catalog.load_table(TABLE)).values()} == {0, 1}
+
+
+def test_an_unknown_spec_is_a_one_line_error(catalog: Catalog, evolved: Table) -> None:
+    with pytest.raises(
+        UsageError,
+        match=r"table db\.events: output_spec_id 7: no such partition "
+        r"spec \(specs: 0, 1; current: 1\)",
+    ):
+        _compact(catalog, output_spec_id=7)
+
+
+def test_an_equality_delete_scoped_to_an_old_partition_meanwhile_refuses_the_move(
+    catalog: Catalog, evolved: Table, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In the new spec's partitions the delete would no longer reach the moved rows."""
+    victim = sorted(
+        (f for f in live_data_files(evolved).values() if f.spec_id == 0), key=lambda f: f.file_path
+    )[0]
+    doomed = read_data_file(evolved, victim).column("event_id")[0].as_py()
+    before = scan_rows(evolved)
+
+    def add_equality_delete_first(table: Table, *args: object, **kwargs: object):
+        other = catalog.load_table(TABLE)
+        delete_file = write_equality_delete_file(
+            other, ["event_id"], [(doomed,)], spec_id=0, partition=victim.partition
+        )
+        commit_delete_files(other, [delete_file])
+        return commit_replace(table, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(compaction, "commit_replace", add_equality_delete_first)
+    result = _compact(catalog)
+
+    data = result.to_dict()
+    refused = [f for f in data["failed_groups"] if "equality delete" in f["reason"]]
+    assert len(refused) == 1 and refused[0]["kind"] == "conflict"
+    table = catalog.load_table(TABLE)
+    assert victim.file_path in live_data_files(table), "the moving group was not committed"
+    assert any(e.data_file.spec_id == 0 for e in live_entries(table))
+    expected = before.filter(pa.compute.field("event_id") != doomed)
+    current = table.current_snapshot().snapshot_id  # type: ignore[union-attr]
+    assert_java_reads_same(table, {None: expected, current: expected}, snapshot_ids=[current])
