@@ -95,3 +95,8 @@ def proc_status_bytes(name: str) -> int:
 def peak_rss_bytes() -> int:
     """The peak resident memory of this process so far."""
     return proc_status_bytes("VmHWM")
+
+
+def count(number: int, noun: str, plural: str | None = None) -> str:
+    """``3,000 files``, ``1 file``, ``2 orphans``: a number and its noun, in the right number."""
+    return f"{number:,} {noun if number == 1 else plural or noun + 's'}"

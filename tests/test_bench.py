@@ -294,6 +294,22 @@ def test_queries_bench_with_a_sort_strategy_runs_filtered_queries_and_counts_ski
     assert "| 901 |" in markdown
 
 
+def test_queries_bench_that_compacts_nothing_says_so_and_fails(tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    result = run_cli(
+        tmp_path,
+        "bench",
+        "queries",
+        *("--scale-factor", SCALE_FACTOR, *QUICK, "--queries", "96", "--out", str(out)),
+    )  # 1 MB files: every table of scale factor 0.01 is a handful of files at most
+    assert result.returncode == 1, result.stderr
+    assert "error: nothing was compacted: at scale factor 0.01 with --file-size 1MB" in (
+        result.stderr
+    )
+    assert "give a smaller --file-size" in result.stderr
+    assert not (out / "report.json").exists()
+
+
 def test_queries_bench_on_local_s3_counts_fewer_gets_after_compaction(tmp_path: Path) -> None:
     _, report = bench(
         tmp_path,

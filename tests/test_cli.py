@@ -162,7 +162,8 @@ def assert_replace_snapshot(table: Table, snapshot_id: int, parent_id: int) -> N
 def assert_one_error_line(
     result: subprocess.CompletedProcess[str], exit_code: int, *culprits: str
 ) -> str:
-    """Exactly one ``error:`` line on stderr naming every culprit, no traceback, nothing on stdout."""
+    """Exactly one ``error:`` line on stderr naming every culprit, no traceback; nothing on
+    stdout, or with ``--json`` the same error as a JSON document."""
     assert result.returncode == exit_code, result.stderr
     assert "Traceback" not in result.stderr
     lines = result.stderr.splitlines()
@@ -170,7 +171,11 @@ def assert_one_error_line(
     assert lines[0].startswith("error: "), result.stderr
     for culprit in culprits:
         assert culprit in lines[0]
-    assert result.stdout == ""
+    if "--json" in result.args:
+        error = {"error": lines[0].removeprefix("error: "), "exit_code": exit_code}
+        assert json.loads(result.stdout) == error
+    else:
+        assert result.stdout == ""
     return lines[0]
 
 
@@ -359,7 +364,7 @@ def test_missing_data_file_fails_with_exit_1_and_verbose_shows_the_traceback(hom
     assert "Traceback (most recent call last)" in verbose.stderr
     last = verbose.stderr.splitlines()[-1]
     assert last.startswith("error: ") and str(missing) in last
-    assert verbose.stdout == ""
+    assert json.loads(verbose.stdout) == {"error": last.removeprefix("error: "), "exit_code": 1}
     before.check()
 
 
@@ -529,3 +534,16 @@ def test_sort_and_zorder_runs_name_their_order_and_bad_orders_are_usage_errors(h
     assert report["strategy"] == "sort"
     assert report["plan"]["order"] == "user_id DESC NULLS LAST"
     assert report["added_files"] > 0
+
+
+def test_verbose_is_taken_after_the_command_too(shared_home: Path) -> None:
+    quiet = compactor(shared_home, "inspect", "--table", "db.nope")
+    assert quiet.returncode == 2 and "Traceback" not in quiet.stderr
+    for args in (
+        ("--verbose", "inspect", "--table", "db.nope"),
+        ("inspect", "-t", "db.nope", "-v"),
+    ):
+        result = compactor(shared_home, *args)
+        assert result.returncode == 2, result.stderr
+        assert "Traceback (most recent call last)" in result.stderr, result.stderr[:500]
+        assert result.stderr.splitlines()[-1].startswith("error: table db.nope: no such table")

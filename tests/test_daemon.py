@@ -18,6 +18,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -348,8 +349,8 @@ def test_new_tables_matching_a_glob_are_picked_up_and_expired_without_restart(
     setup.job(
         "all",
         COMPACT_EVERY_SECOND
-        + '\n[expire]\nevery = "1s"\nolder_than = "0s"\n'
-        + '\n[orphans]\nevery = "1h"\n',
+        + '\n[expire]\nevery = "1s"\nolder_than = "0s"\non_table_globs = true\n'
+        + '\n[orphans]\nevery = "1h"\non_table_globs = true\n',
     )
     setup.job("other", 'tables = ["elsewhere.*"]\n[compact]\nevery = "1h"\n')
     daemon = setup.start()
@@ -421,3 +422,21 @@ def test_a_table_target_outside_the_range_is_warned_about_and_still_compacted(
     assert "write.target-file-size-bytes=1024" in warned["message"]
     assert not any('"scan_failed"' in line for line in daemon.lines)
     assert finished["outcome"] == "succeeded", finished
+
+
+def test_cron_schedules_wait_for_their_time_and_every_schedules_start_at_once(
+    setup: Setup,
+) -> None:
+    create_events_table(setup.catalog, "db.first", commits=6, rows_per_commit=100, days=2)
+    setup.job("nightly", 'tables = ["db.first"]\n\n[expire]\ncron = "0 3 * * *"\n')
+    setup.job("busy", COMPACT_EVERY_SECOND)
+    daemon = setup.start()
+    try:
+        daemon.run_finished("db.first", committed=True)  # the `every` job ticked at start
+        schedules = {(s["job"], s["action"]): s["next_run_at"] for s in setup.status()["schedules"]}
+    finally:
+        assert daemon.terminate() == 0
+    assert [r["action"] for r in setup.runs() if r["action"] == "expire"] == []
+    next_expire = datetime.fromtimestamp(schedules[("nightly", "expire")], UTC)
+    assert (next_expire.hour, next_expire.minute, next_expire.second) == (3, 0, 0)
+    assert next_expire > datetime.now(UTC)

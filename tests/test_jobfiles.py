@@ -508,3 +508,54 @@ def test_status_without_a_config_looks_for_the_default_state_file(tmp_path: Path
 
     assert_one_error_line(result, 2, str(state), "does not exist")
     assert not state.exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            'tables = ["db.*"]\n\n[orphans]\nevery = "1d"\n',
+            "[orphans] deletes files, and tables 'db.*' is a glob: set on_table_globs = true",
+        ),
+        (
+            'tables = ["db.t", "*.*"]\n\n[expire]\ncron = "0 3 * * *"\n',
+            "[expire] deletes files, and tables '*.*' is a glob",
+        ),
+        ('tables = ["db.t"]\n\n[compact]\nevery = "0s"\n', "every '0s': must be at least 1s"),
+        (
+            'tables = ["db.t"]\n\n[compact]\nevery = "5m"\ntarget_file_size = "1KB"\n',
+            "target_file_size '1KB' (1000 B) is outside the allowed range",
+        ),
+    ],
+)
+def test_job_files_the_daemon_could_never_run_are_refused(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    path = tmp_path / "job.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as raised:
+        load_job(path)
+    assert message in str(raised.value) and "\n" not in str(raised.value)
+    assert str(raised.value).startswith(f"{path}:")
+
+
+def test_deleting_actions_on_globs_run_when_the_job_says_so(tmp_path: Path) -> None:
+    path = tmp_path / "job.toml"
+    path.write_text('tables = ["db.*"]\n\n[expire]\ncron = "0 3 * * *"\non_table_globs = true\n')
+    assert load_job(path).spec.expire is not None
+
+
+def test_jobs_validate_refuses_a_catalog_that_is_configured_nowhere(tmp_path: Path) -> None:
+    path = tmp_path / "job.toml"
+    path.write_text('catalog = "nope"\ntables = ["db.t"]\n\n[compact]\nevery = "5m"\n')
+    expect_refusal(
+        invoke("jobs", "validate", str(path)),
+        path,
+        None,
+        "catalog 'nope' is not configured",
+        "PYICEBERG_CATALOG__NOPE__URI",
+    )
+    directory = copy_examples(tmp_path)[0].parent
+    result = invoke("jobs", "validate", str(directory))  # a directory: its *.toml files
+    assert result.returncode == 0, result.stderr
+    assert len(result.stdout.splitlines()) == len(EXAMPLES)

@@ -148,8 +148,8 @@ def test_5_the_daemon_skips_expiry_and_sweeps_of_a_gc_disabled_table(
     before = listing(root(table))
     setup.job(
         "reclaim",
-        'tables = ["db.*"]\n\n[expire]\nevery = "1s"\nolder_than = "0s"\n\n'
-        '[orphans]\nevery = "1s"\n',
+        'tables = ["db.*"]\n\n[expire]\nevery = "1s"\nolder_than = "0s"\non_table_globs = true\n\n'
+        '[orphans]\nevery = "1s"\non_table_globs = true\n',
     )
     daemon = setup.start()
     try:
@@ -428,7 +428,7 @@ def test_10_job_files_refuse_a_short_older_than_without_the_flag(tmp_path: Path)
     assert str(raised.value).startswith(f"{path}:5: orphans.older_than: '2h'")
     path.write_text(
         'tables = ["db.*"]\n\n[orphans]\nevery = "1h"\nolder_than = "2h"\n'
-        "allow_short_older_than = true\n"
+        "allow_short_older_than = true\non_table_globs = true\n"
     )
     assert load_job(path).spec.orphans is not None
 

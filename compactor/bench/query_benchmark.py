@@ -29,9 +29,11 @@ from compactor.bench.tpcds import (
 )
 from compactor.bench.warehouse import Warehouse
 from compactor.compaction import RunResult, compact
+from compactor.errors import CompactorError
 from compactor.iceberg.duckdb_views import create_view
 from compactor.options import resolve_options
 from compactor.planning.planner import Plan
+from compactor.sizes import format_size_exact
 
 MB = 10**6
 
@@ -239,6 +241,12 @@ def run_queries_benchmark(
     pruned_before = _pruning(catalog, tables, parameters)
     results = compact_tables(catalog, tables, parameters, steps)
     compaction = _compaction_stats(results)
+    if compaction["input_files"] == 0:
+        raise CompactorError(
+            f"nothing was compacted: at scale factor {parameters.scale_factor} with "
+            f"--file-size {format_size_exact(parameters.file_size)} no table is fragmented enough "
+            "(each group needs several small files); give a smaller --file-size, e.g. 64KB"
+        )
     compaction["files_before"] = load["files"]
     compaction["files_after"] = sum(_snapshot_files(catalog, tables).values())
     steps.note(

@@ -25,6 +25,8 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+from compactor.sizes import count
+
 SCHEMA_VERSION = 1
 MB = 10**6
 
@@ -180,11 +182,6 @@ def _times(value: float | None) -> str:
     return "–" if value is None else f"{value:.2f}x"
 
 
-def _count(number: int, noun: str, plural: str | None = None) -> str:
-    """``3,000 files``, ``1 commit``."""
-    return f"{number:,} {noun if number == 1 else plural or noun + 's'}"
-
-
 def rewrite_markdown(report: dict[str, Any]) -> str:
     """report.md of ``bench rewrite``."""
     p, inp, comp, ratios = (
@@ -222,15 +219,15 @@ def rewrite_markdown(report: dict[str, Any]) -> str:
         "",
         *_machine_lines(report),
         f"Input ({workload}TPC-DS scale factor {p['scale_factor']}): `{inp['table']}`, "
-        f"{_count(inp['files'], 'file')}, {_mb(inp['bytes'])} MB, {inp['rows']:,} rows in "
-        f"{_count(inp['commits'], 'commit')}; target {p['target_file_size']}.",
+        f"{count(inp['files'], 'file')}, {_mb(inp['bytes'])} MB, {inp['rows']:,} rows in "
+        f"{count(inp['commits'], 'commit')}; target {p['target_file_size']}.",
         "",
         *_table(header, rows),
         f"compactor takes **{_times(ratios['time_vs_floor_1'])} the 1-process floor's time** and "
         f"**{_times(ratios['time_vs_floor_2'])} the {floor_2['processes']}-process floor's**, "
         f"with {_times(ratios['cpu_vs_floor_1'])} its CPU and "
         f"{_times(ratios['peak_rss_vs_floor_1'])} its peak RSS (1-process floor); it rewrote "
-        f"{_count(groups, 'group')}, at most {comp['parallelism']} at once.",
+        f"{count(groups, 'group')}, at most {comp['parallelism']} at once.",
         "",
         "Each phase runs in fresh processes, one phase after the other; peak RSS is a process's "
         f"high-water mark (baseline after imports: floor {_mb(floor_1['baseline_rss_bytes'])} "
@@ -243,7 +240,7 @@ def rewrite_markdown(report: dict[str, Any]) -> str:
     if comp["parallelism"] and groups < comp["parallelism"]:
         lines += [
             "",
-            f"Note: {_count(groups, 'group')} for parallelism "
+            f"Note: {count(groups, 'group')} for parallelism "
             f"{comp['parallelism']}: groups are what run at once (see --max-group-size).",
         ]
     return "\n".join(lines) + "\n"
@@ -273,15 +270,15 @@ def plan_markdown(report: dict[str, Any]) -> str:
         *_machine_lines(report),
         f"Table: `{table['table']}`, {table['files']:,} files of {table['rows_per_file']} rows "
         f"({_mb(table['bytes'])} MB, {table['rows']:,} rows) over "
-        f"{_count(table['commits'], 'commit')} (one manifest each); built in "
-        f"{table['seconds']:.1f}s by {_count(table['writer_processes'], 'writer process', 'writer processes')}, "
-        f"the snapshots sent to the catalog in {_count(table['catalog_commits'], 'commit')}. "
+        f"{count(table['commits'], 'commit')} (one manifest each); built in "
+        f"{table['seconds']:.1f}s by {count(table['writer_processes'], 'writer process', 'writer processes')}, "
+        f"the snapshots sent to the catalog in {count(table['catalog_commits'], 'commit')}. "
         f"Target {p['target_file_size']}.",
         "",
         *_table(header, rows),
         f"**Planning {median['files_planned']:,} files from {median['manifests_read']:,} "
         f"manifests takes {median['plan_seconds']:.2f}s** (median of "
-        f"{_count(len(report['runs']), 'run')}; min {report['plan_seconds']['min']:.2f}s, max "
+        f"{count(len(report['runs']), 'run')}; min {report['plan_seconds']['min']:.2f}s, max "
         f"{report['plan_seconds']['max']:.2f}s), peak RSS {_mb(median['peak_rss_bytes'])} MB.",
         "",
         "Each run is a fresh process: it loads the table from the catalog (the metadata file), "

@@ -39,7 +39,7 @@ from compactor.options import (
     resolve_options,
 )
 from compactor.redaction import protect
-from compactor.sizes import format_size
+from compactor.sizes import count, format_size
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
@@ -133,7 +133,7 @@ class _Bar:
     def start(self, plan: Plan) -> None:
         self._progress.start()
         self._task = self._progress.add_task(
-            f"rewriting {len(plan.groups)} groups", total=plan.input_bytes
+            f"rewriting {count(len(plan.groups), 'group')}", total=plan.input_bytes
         )
 
     def advance(self, input_bytes: int) -> None:
@@ -171,7 +171,7 @@ def _print_plan(plan: Plan) -> None:
         out.print(table)
     skipped = ", ".join(f"{k}={v}" for k, v in sorted(plan.skipped.items())) or "none"
     out.print(
-        f"{plan.input_files} files ({format_size(plan.input_bytes)}) in {len(plan.groups)} groups "
+        f"{count(plan.input_files, 'file')} ({format_size(plan.input_bytes)}) in {count(len(plan.groups), 'group')} "
         f"from {plan.data_files_scanned} data files scanned; target {format_size(plan.options.target_file_size)}; "
         + (f"order: {plan.clustering.describe()}; " if plan.clustering else "")
         + f"skipped: {skipped}"
@@ -183,7 +183,9 @@ def _print_result(result: RunResult) -> None:
     if result.stopped:
         out.print(f"{result.table}: stopped by signal; finished groups were committed")
     if data["recovered_files"]:
-        out.print(f"{result.table}: removed {data['recovered_files']} files of an abandoned run")
+        out.print(
+            f"{result.table}: removed {count(data['recovered_files'], 'file')} of an abandoned run"
+        )
     if data["snapshot_id"] is None:
         out.print(f"{result.table}: nothing compacted (no snapshot committed)")
         for failed in data["failed_groups"]:
@@ -193,8 +195,8 @@ def _print_result(result: RunResult) -> None:
     snapshots = ", ".join(str(i) for i in data["snapshot_ids"])
     out.print(
         f"{result.table}: committed replace snapshot {snapshots}: "
-        f"{data['rewritten_files']} files ({format_size(data['rewritten_bytes'])}) -> "
-        f"{data['added_files']} files ({format_size(data['added_bytes'])}, avg {format_size(avg)}) "
+        f"{count(data['rewritten_files'], 'file')} ({format_size(data['rewritten_bytes'])}) -> "
+        f"{count(data['added_files'], 'file')} ({format_size(data['added_bytes'])}, avg {format_size(avg)}) "
         f"in {data['duration_s']:.1f}s"
     )
     for failed in data["failed_groups"]:
@@ -472,17 +474,17 @@ def run(
         if result.errors:
             first = result.errors[0]
             raise CompactorError(
-                f"table {table}: {len(result.errors)} groups failed (committed groups stay "
+                f"table {table}: {count(len(result.errors), 'group')} failed (committed groups stay "
                 f"committed); group {first.group_id}: {first.reason}"
             )
 
-    guarded(go)
+    guarded(go, as_json=as_json)
 
 
 def _print_health(health: TableHealth) -> None:
     data = health.to_dict()
     table = RichTable(
-        title=f"{health.table} (snapshot {health.snapshot_id}, {health.snapshots} snapshots)"
+        title=f"{health.table} (snapshot {health.snapshot_id}, {count(health.snapshots, 'snapshot')})"
     )
     table.add_column("metric")
     table.add_column("value", justify="right")
@@ -551,7 +553,7 @@ def inspect(
         else:
             _print_health(health)
 
-    guarded(go)
+    guarded(go, as_json=as_json)
 
 
 def _report_deletions(title: str, data: dict[str, Any], dry_run: bool) -> None:
@@ -565,7 +567,7 @@ def _report_deletions(title: str, data: dict[str, Any], dry_run: bool) -> None:
     if data["deleted"]:
         out.print(table)
     out.print(
-        f"{data['table']}: {verb} {data['files_deleted']} files ({format_size(data['bytes_deleted'])})"
+        f"{data['table']}: {verb} {count(data['files_deleted'], 'file')} ({format_size(data['bytes_deleted'])})"
         + (
             f"; refused {data['refused_outside_table_location']} outside the table location"
             if data["refused_outside_table_location"]
@@ -668,12 +670,12 @@ def expire(
             return
         verb = "would expire" if dry_run else "expired"
         out.print(
-            f"{table}: {verb} {data['snapshots_expired']} snapshots, kept {data['snapshots_retained']}"
+            f"{table}: {verb} {count(data['snapshots_expired'], 'snapshot')}, kept {data['snapshots_retained']}"
             + (f"; removed refs {', '.join(data['refs_removed'])}" if data["refs_removed"] else "")
         )
         _report_deletions(f"files only expired snapshots reached ({table})", data, dry_run)
 
-    guarded(go)
+    guarded(go, as_json=as_json)
 
 
 @app.command()
@@ -742,7 +744,7 @@ def orphans(
             return
         others = sum(data["skipped_other_tables"].values())
         out.print(
-            f"{table}: listed {data['listed_files']} files; {data['orphan_files']} orphans; "
+            f"{table}: listed {count(data['listed_files'], 'file')}; {count(data['orphan_files'], 'orphan')}; "
             f"{data['skipped_too_young']} unreferenced but too young; "
             f"{data['skipped_in_run_record']} kept for a compaction run record; "
             f"{others} under other tables' locations; {len(data['refused'])} refused"
@@ -751,7 +753,7 @@ def orphans(
             out.print(f"  {path}", markup=False, highlight=False)
         _report_deletions(f"orphan files ({table})", data, dry_run)
 
-    guarded(go)
+    guarded(go, as_json=as_json)
 
 
 @app.command("rewrite-deletes")
@@ -814,7 +816,7 @@ def rewrite_deletes(
         for conflict in data["conflicts"]:
             out.print(f"partition group {conflict['group_id']} left out: {conflict['reason']}")
 
-    guarded(go)
+    guarded(go, as_json=as_json)
 
 
 @app.command()
@@ -855,7 +857,20 @@ def _load_daemon_setup(config: Path | None) -> tuple[DaemonConfig, list[Job]]:
     from compactor.daemon.jobfiles import load_jobs
 
     settings = load_daemon_config(config)
-    return settings, load_jobs(settings.jobs_dir)
+    jobs = load_jobs(settings.jobs_dir)
+    _check_catalogs(jobs, settings.section.catalog)
+    return settings, jobs
+
+
+def _check_catalogs(jobs: list[Job], default: str | None) -> None:
+    """Every job's catalog is configured (checked offline: no catalog is contacted)."""
+    from compactor.iceberg.catalogs import catalog_properties
+
+    for job in jobs:
+        try:
+            catalog_properties(job.spec.catalog or default)
+        except ConfigError as exc:
+            raise ConfigError(f"{job.path}: {exc}") from None
 
 
 @app.command()
@@ -903,7 +918,8 @@ def jobs_validate(
     files: Annotated[
         list[Path] | None,
         typer.Argument(
-            help="Job files to check. Default: every *.toml of the daemon's job directory."
+            help="Job files (or directories of them) to check. Default: every *.toml of the "
+            "daemon's job directory."
         ),
     ] = None,
     config: ConfigFileOpt = None,
@@ -917,7 +933,16 @@ def jobs_validate(
     def go() -> None:
         from compactor.daemon.jobfiles import load_job
 
-        jobs = [load_job(path) for path in files] if files else _load_daemon_setup(config)[1]
+        paths = [
+            found
+            for path in files or []
+            for found in (sorted(path.glob("*.toml")) if path.is_dir() else [path])
+        ]
+        if files:
+            jobs = [load_job(path) for path in paths]
+            _check_catalogs(jobs, None)
+        else:
+            jobs = _load_daemon_setup(config)[1]
         summary = [
             {
                 "file": str(job.path),
@@ -941,7 +966,7 @@ def jobs_validate(
                 highlight=False,
             )
 
-    guarded(go)
+    guarded(go, as_json=as_json)
 
 
 def _when(at: float | None) -> str:
@@ -1035,9 +1060,16 @@ def status(config: ConfigFileOpt = None, as_json: JsonOpt = False) -> None:
             )
         out.print(runs)
 
-    guarded(go)
+    guarded(go, as_json=as_json)
+
+
+VERBOSE_FLAGS = ("--verbose", "-v")
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point: ``--verbose`` (``-v``) is taken after the command too."""
+    args = sys.argv[1:]
+    end = args.index("--") if "--" in args else len(args)
+    flags = [a for a in args[:end] if a in VERBOSE_FLAGS][:1]
+    rest = [a for a in args[:end] if a not in VERBOSE_FLAGS] + args[end:]
+    app(args=flags + rest)

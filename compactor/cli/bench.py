@@ -217,7 +217,7 @@ def queries(
                 f"results differ before and after compaction (see {out / 'report.md'})"
             )
 
-    guarded(go)
+    guarded(go, as_json=as_json)
 
 
 @bench_app.command()
@@ -349,7 +349,7 @@ def rewrite(
         )
         _run_on_local_warehouse("rewrite", run_rewrite_benchmark, parameters, workdir, out, as_json)
 
-    guarded(go)
+    guarded(go, as_json=as_json)
 
 
 @bench_app.command()
@@ -403,4 +403,4 @@ def plan(
         )
         _run_on_local_warehouse("plan", run_plan_benchmark, parameters, workdir, out, as_json)
 
-    guarded(go)
+    guarded(go, as_json=as_json)

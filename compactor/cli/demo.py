@@ -17,7 +17,7 @@ from compactor.iceberg.catalogs import compactor_home, embedded_catalog
 from compactor.iceberg.duckdb_views import create_view
 from compactor.options import resolve_options
 from compactor.planning.health import TableHealth, table_health
-from compactor.sizes import format_size
+from compactor.sizes import count, format_size
 
 DEMO_TABLE = "demo.events"
 DEMO_QUERY = """
@@ -78,8 +78,8 @@ def run_demo(
     options = resolve_options(DEMO_TABLE, table.metadata.properties)
     before = table_health(table, DEMO_TABLE, options.target_file_size)
     console.print(
-        f"{DEMO_TABLE}: {before.data_files} files, {format_size(before.data_bytes)}, "
-        f"average {format_size(before.average_file_size)} over {before.snapshots} snapshots"
+        f"{DEMO_TABLE}: {count(before.data_files, 'file')}, {format_size(before.data_bytes)}, "
+        f"average {format_size(before.average_file_size)} over {count(before.snapshots, 'snapshot')}"
     )
     con = duckdb.connect()
     files_before = create_view(con, "events", table)
@@ -88,7 +88,7 @@ def run_demo(
     console.print(f"$ compactor run --table {DEMO_TABLE}")
     result = compact(table, DEMO_TABLE, options).to_dict()
     console.print(
-        f"committed replace snapshot {result['snapshot_id']}: {result['rewritten_files']} files -> "
+        f"committed replace snapshot {result['snapshot_id']}: {count(result['rewritten_files'], 'file')} -> "
         f"{result['added_files']} in {result['duration_s']:.1f}s "
         f"({result['rewritten_bytes'] / 2**20 / max(result['duration_s'], 1e-9):.0f} MiB/s)"
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 import traceback
@@ -44,8 +45,12 @@ def with_flags(message: str, options: tuple[str, ...]) -> str:
     )
 
 
-def fail(exc: BaseException) -> None:
-    """Print ``exc`` as one ``error:`` line (after its traceback with --verbose) and exit."""
+def fail(exc: BaseException, as_json: bool = False) -> None:
+    """Print ``exc`` as one ``error:`` line (after its traceback with --verbose) and exit.
+
+    With ``as_json`` the same message also goes to stdout as ``{"error": ..., "exit_code": ...}``,
+    so that a script reading the command's JSON always gets JSON.
+    """
     verbose = state["verbose"]
     if verbose:
         sys.stderr.write(redact("".join(traceback.format_exception(exc))))
@@ -60,11 +65,14 @@ def fail(exc: BaseException) -> None:
             message += " (run with --verbose for details)"
         code = EXIT_RUNTIME
     err.print(f"error: {redact(message)}", markup=False, highlight=False)
+    if as_json:
+        print(json.dumps({"error": redact(message), "exit_code": code}))
     raise typer.Exit(code)
 
 
-def guarded(fn: Callable[[], Any]) -> Any:
-    """Run a command's body; any failure becomes one ``error:`` line and an exit code."""
+def guarded(fn: Callable[[], Any], as_json: bool = False) -> Any:
+    """Run a command's body; any failure becomes one ``error:`` line (and, with ``as_json``,
+    a JSON error document on stdout) and an exit code."""
     try:
         check_pyiceberg_config()
         return fn()
@@ -76,4 +84,4 @@ def guarded(fn: Callable[[], Any]) -> Any:
         )
         raise typer.Exit(130) from None
     except Exception as exc:
-        fail(exc)
+        fail(exc, as_json)

@@ -37,8 +37,15 @@ from pydantic import (
 
 from compactor.daemon.config_files import load_toml, validate
 from compactor.durations import duration_ms, format_duration, parse_duration_ms
-from compactor.errors import ConfigError
-from compactor.options import MIN_ORPHAN_AGE_MS, CompactOptions, Filter, Size, checked
+from compactor.errors import ConfigError, UsageError
+from compactor.options import (
+    MIN_ORPHAN_AGE_MS,
+    CompactOptions,
+    Filter,
+    Size,
+    checked,
+    resolve_options,
+)
 
 ACTIONS = ("compact", "rewrite_deletes", "expire", "orphans")
 Action = Literal["compact", "rewrite_deletes", "expire", "orphans"]
@@ -48,6 +55,7 @@ DEFAULT_MIN_DELETE_FILES = 8
 DEFAULT_COOLDOWN = "15m"
 DEFAULT_ORPHAN_AGE = "3d"
 GLOB_CHARS = set("*?[")
+MIN_EVERY_MS = 1000
 
 
 Duration = Annotated[str, checked(parse_duration_ms)]
@@ -85,6 +93,8 @@ class Schedule(_Section):
     def _one_schedule(self) -> Schedule:
         if (self.every is None) == (self.cron is None):
             raise ValueError('give exactly one of every = "10m" or cron = "*/10 * * * *"')
+        if self.every is not None and parse_duration_ms(self.every, "every") < MIN_EVERY_MS:
+            raise ValueError(f"every {self.every!r}: must be at least 1s")
         return self
 
     def trigger(self) -> BaseTrigger:
@@ -109,6 +119,15 @@ class CompactAction(Schedule, CompactOptions):
     min_delete_files: int = Field(DEFAULT_MIN_DELETE_FILES, ge=1)
     cooldown: Duration = DEFAULT_COOLDOWN
 
+    @model_validator(mode="after")
+    def _resolves(self) -> CompactAction:
+        """What a run would refuse (a target outside the allowed range, say) is refused now."""
+        try:
+            resolve_options("job", {}, **self.given())
+        except UsageError as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
 
 class RewriteDeletesAction(Schedule):
     """Compact position-delete files per partition, dropping those that apply to nothing."""
@@ -117,14 +136,20 @@ class RewriteDeletesAction(Schedule):
     where: Filter | None = None
 
 
-class ExpireAction(Schedule):
+class _Destructive(Schedule):
+    """An action that deletes: on table globs only when the job says ``on_table_globs``."""
+
+    on_table_globs: bool = False
+
+
+class ExpireAction(_Destructive):
     """Expire snapshots; ``older_than``/``retain_last`` default to the table's properties."""
 
     older_than: Duration | None = None
     retain_last: int | None = Field(None, ge=1)
 
 
-class OrphansAction(Schedule):
+class OrphansAction(_Destructive):
     """Remove files no metadata references, older than ``older_than`` (at least 1d unless allowed)."""
 
     allow_short_older_than: bool = False  # before older_than: its validator reads this
@@ -163,6 +188,19 @@ class JobFile(_Section):
             raise ValueError(
                 "no action: add a [compact], [rewrite_deletes], [expire] or [orphans] section"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _deletes_on_globs_only_when_said(self) -> JobFile:
+        globs = [p for p in self.tables if GLOB_CHARS & set(p)]
+        for name in ("expire", "orphans"):
+            section = getattr(self, name)
+            if globs and section is not None and not section.on_table_globs:
+                raise ValueError(
+                    f"[{name}] deletes files, and tables {globs[0]!r} is a glob: set "
+                    f"on_table_globs = true in [{name}] to run it on every matching table, "
+                    "or name the tables"
+                )
         return self
 
     def actions(self) -> dict[Action, Schedule]:

@@ -60,6 +60,7 @@ from compactor.maintain.delete_rewrite import rewrite_position_deletes
 from compactor.maintain.expire import expire_snapshots, retention_policy
 from compactor.maintain.orphans import orphan_cutoff, remove_orphans
 from compactor.options import RewriteOptions, resolve_options
+from compactor.sizes import count
 
 log = logging.getLogger("compactor.daemon.service")
 
@@ -122,7 +123,8 @@ class Daemon:
     # --- life cycle ----------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Open the endpoint, restore state and start the schedules (first ticks right away)."""
+        """Open the endpoint, restore state and start the schedules: ``every`` ones tick right
+        away, ``cron`` ones at their next time."""
         now = self.clock()
         interrupted = self.history.close_interrupted(now)
         recent = self.history.recent_runs(RESTORE_RUNS)
@@ -139,13 +141,15 @@ class Daemon:
         first = datetime.now(UTC)
         for job in self.jobs:
             for action, section in job.spec.actions().items():
+                # An interval schedule ticks at once; a cron schedule waits for its time.
+                when = {"next_run_time": first} if section.cron is None else {}
                 self._scheduler.add_job(
                     self._tick,
                     trigger=section.trigger(),
                     args=(job, action),
                     id=f"{job.name}:{action}",
                     name=f"{job.name} {action}",
-                    next_run_time=first,
+                    **when,
                 )
         self._scheduler.start()
         log.info(
@@ -393,7 +397,9 @@ class Daemon:
         self.metrics.deleted_files.labels(request.action).inc(data["files_deleted"])
         self.metrics.deleted_bytes.labels(request.action).inc(data["bytes_deleted"])
         if data["failed"]:
-            row.error = f"could not delete {len(data['failed'])} files, e.g. {data['failed'][0]}"
+            row.error = (
+                f"could not delete {count(len(data['failed']), 'file')}, e.g. {data['failed'][0]}"
+            )
             return PARTIAL
         return SUCCEEDED if changed else NOOP
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.catalog.sql import SqlCatalog
@@ -54,6 +54,21 @@ def embedded_catalog() -> SqlCatalog:
 EXTRA_FOR_MODULE = {"psycopg2": "postgres", "boto3": "s3", "botocore": "s3", "ray": "ray"}
 
 
+def catalog_properties(name: str | None, config: Config | None = None) -> dict[str, Any] | None:
+    """The configured properties of catalog ``name`` (None: pyiceberg's default), or None for
+    the embedded catalog; a ConfigError when ``name`` is configured nowhere. Reads no catalog."""
+    config = config or Config()
+    if name is None:
+        return config.get_catalog_config(config.get_default_catalog_name())
+    properties = config.get_catalog_config(name)
+    if properties is None and name != EMBEDDED_CATALOG:
+        raise ConfigError(
+            f"catalog {name!r} is not configured: define it in ~/.pyiceberg.yaml or with "
+            f"PYICEBERG_CATALOG__{name.upper()}__URI (and __TYPE, __WAREHOUSE)"
+        )
+    return properties
+
+
 def open_catalog(name: str | None) -> Catalog:
     """Open the catalog named ``name``, pyiceberg's configured default, or the embedded one.
 
@@ -61,18 +76,10 @@ def open_catalog(name: str | None) -> Catalog:
     The configuration is read now, not when pyiceberg was imported, and passed on as is.
     """
     config = Config()
-    if name is None:
-        name = config.get_default_catalog_name()
-        if config.get_catalog_config(name) is None:
-            return embedded_catalog()
-    properties = config.get_catalog_config(name)
+    properties = catalog_properties(name, config)
     if properties is None:
-        if name == EMBEDDED_CATALOG:
-            return embedded_catalog()
-        raise ConfigError(
-            f"catalog {name!r} is not configured: define it in ~/.pyiceberg.yaml or with "
-            f"PYICEBERG_CATALOG__{name.upper()}__URI (and __TYPE, __WAREHOUSE)"
-        )
+        return embedded_catalog()
+    name = name or config.get_default_catalog_name()
     register_secrets(properties)
     try:
         return load_catalog(name, **cast(dict[str, str | None], with_s3_retries(properties)))
