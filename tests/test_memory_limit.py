@@ -28,6 +28,7 @@ COMPACTOR = Path(sys.executable).parent / "compactor"
 LIMIT_MIB = 320
 SCHEMA = pa.schema([("a", pa.int64()), ("b", pa.float64()), ("c", pa.int64())])
 ROW_BYTES = 24
+LARGE_FILE_BYTES = 12 * 2**20  # too large to be read in bulk
 
 
 def _random_rows(rng: np.random.Generator, count: int) -> pa.Table:
@@ -40,6 +41,16 @@ def _random_rows(rng: np.random.Generator, count: int) -> pa.Table:
         },
         schema=SCHEMA,
     )
+
+
+def _large_files(catalog: SqlCatalog, files: int, seed: int) -> None:
+    """db.m: ``files`` appends of LARGE_FILE_BYTES of random rows, a 1 GiB target (one group)."""
+    rng = np.random.default_rng(seed)
+    table = catalog.create_table(
+        "db.m", SCHEMA, properties={"write.target-file-size-bytes": str(2**30)}
+    )
+    for _ in range(files):
+        table.append(_random_rows(rng, LARGE_FILE_BYTES // ROW_BYTES))
 
 
 def _compact(
@@ -86,13 +97,8 @@ def _compact(
 def test_a_group_of_large_files_several_times_the_limit(
     catalog: SqlCatalog, tmp_path: Path
 ) -> None:
-    rng = np.random.default_rng(1)
-    table = catalog.create_table(
-        "db.m", SCHEMA, properties={"write.target-file-size-bytes": str(2**30)}
-    )
-    files, file_bytes = 72, 12 * 2**20
-    for _ in range(files):
-        table.append(_random_rows(rng, file_bytes // ROW_BYTES))
+    files, file_bytes = 72, LARGE_FILE_BYTES
+    _large_files(catalog, files, seed=1)
 
     result, peak_mib = _compact(catalog, tmp_path, LIMIT_MIB)
 
@@ -122,13 +128,8 @@ def test_a_group_of_many_small_files_read_in_bulk(catalog: SqlCatalog, tmp_path:
 
 
 def test_a_group_sorted_out_of_core(catalog: SqlCatalog, tmp_path: Path) -> None:
-    rng = np.random.default_rng(3)
-    table = catalog.create_table(
-        "db.m", SCHEMA, properties={"write.target-file-size-bytes": str(2**30)}
-    )
-    files, file_bytes = 60, 12 * 2**20
-    for _ in range(files):
-        table.append(_random_rows(rng, file_bytes // ROW_BYTES))
+    files, file_bytes = 60, LARGE_FILE_BYTES
+    _large_files(catalog, files, seed=3)
 
     result, peak_mib = _compact(
         catalog, tmp_path, LIMIT_MIB, "--strategy", "sort", "--sort-order", "a"
