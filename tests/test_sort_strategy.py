@@ -7,12 +7,9 @@ the same rows (compact_and_verify).
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 from collections import defaultdict
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -43,10 +40,7 @@ from pyiceberg.types import (
 
 import compactor
 from compactor.errors import UsageError
-from compactor.planning.sort_order import Clustering
-from compactor.planning.sort_order import SortField as SortKeyField
 from compactor.planning.tasks import RewriteTask, plan_tasks
-from compactor.rewrite.sorting import SortingWriter
 from compactor.rewrite.task_runner import run_task
 
 pytestmark = pytest.mark.usefixtures("read_path")
@@ -321,80 +315,3 @@ def test_a_sort_task_round_trips_through_json_and_sorts_where_it_runs(catalog: C
         ys = read_data_file(table, data_file).column("y").to_pylist()
         nulls = ys.count(None)
         assert ys[:nulls] == [None] * nulls and ys[nulls:] == sorted(ys[nulls:])
-
-
-class _Collect:
-    """Stands in for the Parquet writer: keeps the batches it is given, in order."""
-
-    def __init__(self, schema: pa.Schema) -> None:
-        self.arrow_schema, self.batches = schema, []
-
-    def to_output(self, batch: pa.RecordBatch) -> pa.RecordBatch:
-        return batch
-
-    def write(self, batch: pa.RecordBatch) -> None:
-        self.batches.append(batch)
-
-    def close(self) -> list:
-        return []
-
-    def abort(self) -> None:
-        pass
-
-
-def _draws(rng: np.random.Generator, n: int, high: int) -> tuple[np.ndarray, np.ndarray]:
-    return rng.random(n), rng.integers(-high, high, n)
-
-
-def test_runs_spilled_to_disk_merge_in_several_passes_into_one_order(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """64 KiB runs: hundreds of them, merged two at a time, then into the writer."""
-    monkeypatch.setenv("TMPDIR", str(tmp_path))
-    tempfile.tempdir = None
-    schema = pa.schema(
-        [
-            pa.field("y", pa.int64(), metadata={b"PARQUET:field_id": b"1"}),
-            pa.field("name", pa.string(), metadata={b"PARQUET:field_id": b"2"}),
-            pa.field("v", pa.float64(), metadata={b"PARQUET:field_id": b"3"}),
-        ]
-    )
-    iceberg = Schema(
-        NestedField(1, "y", LongType()),
-        NestedField(2, "name", StringType()),
-        NestedField(3, "v", DoubleType()),
-    )
-    clustering = Clustering(
-        "sort",
-        (
-            SortKeyField("y", 1, descending=True, nulls_first=False),
-            SortKeyField("name", 2, nulls_first=True),
-        ),
-    )
-    rng = np.random.default_rng(5)
-    sink = _Collect(schema)
-    sorter = SortingWriter(sink, clustering, iceberg, [], memory=64 * 1024)  # type: ignore[arg-type]
-    rows = []
-    spilled = set()
-    for _ in range(40):
-        n = 1000
-        ys = [int(v) if r > 0.05 else None for r, v in zip(*_draws(rng, n, 50), strict=True)]
-        names = [
-            f"k\x00{v}" if r > 0.05 else None for r, v in zip(*_draws(rng, n, 99), strict=True)
-        ]
-        vs = rng.random(n).tolist()
-        rows += zip(ys, names, vs, strict=True)
-        sorter.write(pa.record_batch([ys, names, vs], schema=schema))
-        spilled |= set(os.listdir(sorter._directory or tmp_path))
-    assert len(spilled) >= 16, "rows must have been spilled in many runs (merged 2 at a time)"
-    sorter.close()
-
-    written = [r for b in sink.batches for r in zip(*b.to_pydict().values(), strict=True)]
-    assert sorted(written, key=repr) == sorted(rows, key=repr)
-
-    def expected(row: tuple) -> tuple:
-        y, name, _ = row
-        return (y is None, -(y or 0), name is not None, name or "")
-
-    assert [expected(r) for r in written] == sorted(expected(r) for r in rows)
-    assert list(tmp_path.iterdir()) == [], "spilled runs are removed"

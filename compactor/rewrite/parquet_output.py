@@ -30,11 +30,21 @@ from compactor.iceberg.pyiceberg_compat import (
 )
 from compactor.planning.planner import is_unpartitioned
 from compactor.planning.sort_order import SortField
+from compactor.rewrite.bulk_read import FIELD_ID
 
 # A file is closed once it is this close to the target; the next row group is sized to fill it.
 FILL_RATIO = 0.97
 MIN_ROW_GROUP_BYTES = 256 * 1024
 COALESCE_BATCHES = 256
+
+
+def field_positions(schema: pa.Schema) -> dict[int, int]:
+    """Field id -> column position in an output Arrow schema (top-level columns)."""
+    return {
+        int(f.metadata[FIELD_ID]): i
+        for i, f in enumerate(schema)
+        if f.metadata and FIELD_ID in f.metadata
+    }
 
 
 @dataclass
@@ -231,11 +241,7 @@ class PartitioningWriter:
         self._out, self._on_create = out, on_create
         self._template = RollingParquetWriter(out)
         spec, schema = out.metadata.specs()[out.spec_id], out.metadata.schema()
-        positions = {
-            int(f.metadata[b"PARQUET:field_id"]): i
-            for i, f in enumerate(self._template.arrow_schema)
-            if f.metadata and b"PARQUET:field_id" in f.metadata
-        }
+        positions = field_positions(self._template.arrow_schema)
         self._fields = [
             (field, positions[field.source_id], schema.find_type(field.source_id))
             for field in spec.fields

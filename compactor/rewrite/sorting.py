@@ -27,7 +27,7 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.schema import Schema
 
 from compactor.planning.sort_order import Clustering, SortField
-from compactor.rewrite.bulk_read import FIELD_ID
+from compactor.rewrite.parquet_output import field_positions
 from compactor.rewrite.sort_keys import SortKeys
 
 if TYPE_CHECKING:
@@ -42,14 +42,6 @@ MIN_BATCH_BYTES = 256 * 1024
 def fan_in(memory: int) -> int:
     """Runs merged at once: their batches, and what is merged from them, fit ``memory``."""
     return max(2, min(MAX_FAN_IN, memory // (4 * MIN_BATCH_BYTES)))
-
-
-def _positions(schema: pa.Schema) -> dict[int, int]:
-    return {
-        int(f.metadata[FIELD_ID]): i
-        for i, f in enumerate(schema)
-        if f.metadata and FIELD_ID in f.metadata
-    }
 
 
 def _sorted(table: pa.Table) -> pa.Table:
@@ -118,7 +110,7 @@ class SortingWriter:
     ) -> None:
         self._writer, self._memory = writer, memory
         self._keys = SortKeys(
-            clustering, schema, _positions(writer.arrow_schema), inputs, prefix=prefix
+            clustering, schema, field_positions(writer.arrow_schema), inputs, prefix=prefix
         )
         self._pending: list[pa.RecordBatch] = []
         self._pending_bytes = 0
