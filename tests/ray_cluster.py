@@ -75,9 +75,6 @@ def node_environment(home: Path) -> dict[str, str]:
         NO_PROXY="127.0.0.0/8,localhost",
         no_proxy="127.0.0.0/8,localhost",
         RAY_USAGE_STATS_ENABLED="0",
-        # The head's client proxy waits this long for the server it starts for each Ray client
-        # connection (Ray's default, 30 s, is short on a loaded two-core machine).
-        RAY_CLIENT_SERVER_CHECK_CHANNEL_TIMEOUT_S="180",
     )
     return env
 

@@ -42,6 +42,7 @@ from test_s3 import referenced_keys  # noqa: E402
 
 from compactor.bench.sample import create_events_table  # noqa: E402
 from compactor.errors import CompactorError, UsageError  # noqa: E402
+from compactor.execute import ray_executor  # noqa: E402
 from compactor.execute.ray_executor import (  # noqa: E402
     DECODE_FACTOR,
     MEMORY_BASE,
@@ -483,6 +484,38 @@ def test_a_failed_client_connection_names_the_servers_cause_in_one_line() -> Non
         "Initialization failure from server: RuntimeError: Proxy failed to Connect to backend!"
     )
     assert _init_failure(ConnectionError("refused\nmore")) == "refused"
+
+
+def test_a_client_server_that_fails_to_start_is_asked_for_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The head's client proxy can fail to start a client's server (it exits at once under
+    load): a new connection gets a new server, and a cause that persists is still reported."""
+    calls = {"init": 0, "shutdown": 0}
+    failures: list[Exception] = []
+
+    def init(**_: Any) -> None:
+        calls["init"] += 1
+        if failures:
+            raise failures.pop()
+
+    def shutdown() -> None:
+        calls["shutdown"] += 1
+
+    def refused() -> ConnectionAbortedError:
+        return ConnectionAbortedError("Initialization failure from server:\nRuntimeError: gone")
+
+    monkeypatch.setattr(ray_executor.ray, "init", init)
+    monkeypatch.setattr(ray_executor.ray, "shutdown", shutdown)
+    failures.append(refused())
+    ray_executor._init("ray://127.0.0.1:10001", None)
+    assert calls == {"init": 2, "shutdown": 1}
+
+    attempts = ray_executor.CLIENT_INIT_ATTEMPTS
+    failures.extend(refused() for _ in range(attempts))
+    with pytest.raises(CompactorError, match="from server: RuntimeError: gone$"):
+        ray_executor._init("ray://127.0.0.1:10001", None)
+    assert calls == {"init": 2 + attempts, "shutdown": 1 + (attempts - 1)}
 
 
 def test_unreachable_address_fails_fast_with_one_line(s3: S3Bucket, unused_port: int) -> None:

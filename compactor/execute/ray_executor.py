@@ -60,6 +60,8 @@ MEMORY_CEILING = 16 * GiB
 DEFAULT_MAX_RETRIES = 3
 # How long a HOST:PORT address may take to accept a TCP connection.
 CONNECT_TIMEOUT_S = 10.0
+# Connections tried when a Ray client proxy fails to start its per-client server.
+CLIENT_INIT_ATTEMPTS = 3
 # How often the driver checks the cancel token while it waits for tasks.
 POLL_INTERVAL_S = 0.5
 # How often a worker's main thread wakes up to notice a cancellation.
@@ -288,7 +290,17 @@ def _init(target: str, parallelism: int | None) -> None:
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)} if main else {}
     _raylet_messages_to_log()
     try:
-        ray.init(**options)
+        for attempt in range(1, CLIENT_INIT_ATTEMPTS + 1):
+            try:
+                ray.init(**options)
+                break
+            except ConnectionAbortedError as exc:
+                # The head's client proxy failed to start the server it runs for each client
+                # connection; a fresh connection gets a fresh server.
+                if attempt == CLIENT_INIT_ATTEMPTS:
+                    raise
+                log.warning("ray: %s: %s; connecting again", target, _init_failure(exc))
+                ray.shutdown()
     except ValueError as exc:
         raise UsageError(f"ray_address {target!r}: {first_line(exc)}", "ray_address") from None
     except Exception as exc:
