@@ -6,7 +6,10 @@ plans (:mod:`compactor.planning.planner`), turns the plan's groups into
 (:mod:`compactor.execute.executors`), and feeds the results, as they arrive, to a
 :class:`CommitManager`. Without partial progress the run is all or nothing: a failed group
 aborts it, and nothing is committed. With ``commit_every`` set, finished groups are committed in
-batches as the run goes, and a failed group fails alone. Either way every file the run's tasks
+batches as the run goes, and a failed group fails alone. A group with a file that is missing
+or not valid Parquet (:class:`~compactor.errors.UnreadableFileError`) is skipped either way,
+the file reported in ``skipped_files`` and in the log, and the other groups are committed.
+Either way every file the run's tasks
 wrote (as their intent files list) and it did not commit is deleted before it returns — unless
 a commit's outcome is unknown: then everything stays for the next run, which decides once the
 table's state is certain.
@@ -14,6 +17,8 @@ table's state is certain.
 
 from __future__ import annotations
 
+import json
+import logging
 import threading
 import time
 import uuid
@@ -21,28 +26,43 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pyiceberg.table import Table
+from pyiceberg.table.snapshots import ancestors_of
 
 from compactor import __version__
 from compactor.commit.committer import CommitOutcome, commit_replace
 from compactor.commit.inflight import RunLease, remove_run_files
-from compactor.errors import CommitConflictError, CompactorError, first_line
+from compactor.errors import (
+    CommitConflictError,
+    CompactorError,
+    UnreadableFileError,
+    first_line,
+)
 from compactor.execute import make_executor
 from compactor.execute.executors import Executor
-from compactor.options import SNAPSHOT_PROPERTY_TOOL, RewriteOptions
+from compactor.options import (
+    MAX_OUTPUT_GROWTH,
+    MIN_FILE_REDUCTION_FOR_GROWTH,
+    SNAPSHOT_PROPERTY_TOOL,
+    RewriteOptions,
+)
 from compactor.planning.health import delete_file_kinds
 from compactor.planning.planner import FileGroup, Plan, plan_rewrite
 from compactor.planning.tasks import RewriteTask, TaskResult, plan_tasks
 from compactor.rewrite.task_runner import EventToken, TaskCancelled
-from compactor.sizes import peak_rss_bytes
+from compactor.sizes import format_size, peak_rss_bytes
 
 ERROR, CONFLICT, CANCELLED = "error", "conflict", "cancelled"
+# Snapshot summary property: the unreadable files (JSON list of paths) the run had skipped.
+UNREADABLE_FILES_PROPERTY = "compactor.unreadable-files"
+
+log = logging.getLogger(__name__)
 
 
 class Progress(Protocol):
-    """Receives progress of a run (the CLI draws a bar; the daemon logs)."""
+    """Receives progress of a run (the CLI draws a bar on a terminal; otherwise it logs)."""
 
     def start(self, plan: Plan) -> None: ...
-    def advance(self, input_bytes: int) -> None: ...
+    def advance(self, input_files: int, input_bytes: int) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -52,6 +72,50 @@ class GroupFailure:
     group_id: int
     kind: str
     reason: str
+
+
+@dataclass(frozen=True)
+class SkippedFile:
+    """A file that could not be read (missing or not valid Parquet): its group was skipped."""
+
+    group_id: int
+    path: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class GrownGroup:
+    """A group left as it was: its rewrite was larger than its input and gained nothing else."""
+
+    group_id: int
+    input_files: int
+    input_bytes: int
+    output_files: int
+    output_bytes: int
+
+
+def grown_group(task: RewriteTask, result: TaskResult) -> GrownGroup | None:
+    """``task``'s group if its rewrite does not pay off, else None.
+
+    It does not when its output is more than MAX_OUTPUT_GROWTH larger than its input, it applies
+    no deletes, moves no rows to another spec, and does not divide the file count by at least
+    MIN_FILE_REDUCTION_FOR_GROWTH.
+    """
+    grown = GrownGroup(
+        task.task_id,
+        len(task.inputs),
+        task.input_bytes,
+        len(result.data_files),
+        sum(d.file_size_in_bytes for d in result.data_files),
+    )
+    if (
+        grown.output_bytes <= grown.input_bytes * (1 + MAX_OUTPUT_GROWTH)
+        or task.delete_files
+        or task.repartition
+        or grown.output_files * MIN_FILE_REDUCTION_FOR_GROWTH <= grown.input_files
+    ):
+        return None
+    return grown
 
 
 @dataclass
@@ -64,9 +128,12 @@ class RunResult:
     dry_run: bool = False
     commits: list[CommitOutcome] = field(default_factory=list)
     failures: list[GroupFailure] = field(default_factory=list)
+    skipped_files: list[SkippedFile] = field(default_factory=list)
+    grown_groups: list[GrownGroup] = field(default_factory=list)  # left as they were
     recovered_files: list[str] = field(default_factory=list)
     stopped: bool = False
     duration_s: float = 0.0
+    backed_off: str | None = None  # why the run did not start: another run holds the table
 
     @property
     def committed(self) -> list[TaskResult]:
@@ -102,6 +169,10 @@ class RunResult:
             "groups": len(self.plan.groups),
             "committed_groups": len(committed),
             "failed_groups": [vars(f) for f in sorted(self.failures, key=lambda f: f.group_id)],
+            "skipped_files": [
+                vars(f) for f in sorted(self.skipped_files, key=lambda f: (f.group_id, f.path))
+            ],
+            "grown_groups": [vars(g) for g in sorted(self.grown_groups, key=lambda g: g.group_id)],
             "rewritten_files": len(rewritten),
             "rewritten_bytes": sum(f.size for f in rewritten),
             "rewritten_delete_files": len(removed_deletes),
@@ -113,7 +184,8 @@ class RunResult:
             "bulk_read_files": sum(r.bulk_read_files for r in committed),
             "recovered_files": len(self.recovered_files),
             "stopped": self.stopped,
-            "duration_s": round(self.duration_s, 3),
+            "backed_off": self.backed_off,
+            "duration_ms": round(self.duration_s * 1000),
             "peak_rss_bytes": peak_rss_bytes(),
             "plan": self.plan.summary(),
         }
@@ -152,8 +224,36 @@ class CommitManager:
         reason = error if isinstance(error, str) else first_line(error)
         self.result.failures.append(GroupFailure(group_id, kind, reason))
 
+    def leave(self, grown: GrownGroup) -> None:
+        """Do not commit a group whose rewrite grew (its outputs are deleted at the end)."""
+        self.result.grown_groups.append(grown)
+        log.warning(
+            "table %s: group %d not committed: its rewrite grew %s -> %s (%d -> %d files)",
+            self.plan.table,
+            grown.group_id,
+            format_size(grown.input_bytes),
+            format_size(grown.output_bytes),
+            grown.input_files,
+            grown.output_files,
+        )
+
+    def skip(self, group_id: int, error: UnreadableFileError) -> None:
+        """Leave out a group that has an unreadable file, and report the file."""
+        self.result.skipped_files.append(SkippedFile(group_id, error.path, error.reason))
+        self.fail(group_id, ERROR, error)
+        log.warning(
+            "table %s: group %d skipped: %s",
+            self.plan.table,
+            group_id,
+            first_line(error),
+            extra={"event": "file_unreadable", "table": self.plan.table, "path": error.path},
+        )
+
     def _commit(self, batch: list[TaskResult]) -> None:
         properties = {SNAPSHOT_PROPERTY_TOOL: __version__, "compactor.run-id": self.result.run_id}
+        if self.result.skipped_files:
+            skipped = sorted({f.path for f in self.result.skipped_files})
+            properties[UNREADABLE_FILES_PROPERTY] = json.dumps(skipped)
         # In doubt from before the catalog call until the committed files are recorded: a
         # signal anywhere in between leaves every file in place (see ``_clean_up``).
         self.in_doubt = True
@@ -218,10 +318,16 @@ def _rewrite_and_commit(
         for task, outcome in outcomes:
             if isinstance(outcome, TaskResult):
                 if progress:
-                    progress.advance(outcome.input_bytes)
-                commits.add(outcome)
+                    progress.advance(len(task.inputs), outcome.input_bytes)
+                grown = grown_group(task, outcome)
+                if grown is None:
+                    commits.add(outcome)
+                else:
+                    commits.leave(grown)
             elif isinstance(outcome, TaskCancelled):
                 commits.fail(task.task_id, CANCELLED, outcome)
+            elif isinstance(outcome, UnreadableFileError):
+                commits.skip(task.task_id, outcome)
             elif commits.options.partial_progress and isinstance(outcome, CompactorError):
                 commits.fail(task.task_id, ERROR, outcome)
             else:
@@ -250,9 +356,28 @@ def _clean_up(table: Table, run_id: str, commits: CommitManager) -> list[str] | 
     return failed
 
 
+def last_unreadable_files(table: Table) -> list[str]:
+    """The unreadable files the last compaction committed on ``table``'s main branch skipped.
+
+    Read from that snapshot's summary (:data:`UNREADABLE_FILES_PROPERTY`): no file is opened.
+    """
+    for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
+        properties = snapshot.summary.additional_properties if snapshot.summary else {}
+        if "compactor.run-id" in properties and "compactor.action" not in properties:
+            return list(json.loads(properties.get(UNREADABLE_FILES_PROPERTY, "[]")))
+    return []
+
+
 def new_run_id() -> str:
     """A run id: names the run's files, intent files and snapshots."""
     return uuid.uuid4().hex[:12]
+
+
+def backed_off(table: Table, identifier: str, options: RewriteOptions, reason: str) -> RunResult:
+    """The result of a run that backed off because another run holds ``table``: what it would
+    have rewritten, nothing committed."""
+    plan = plan_rewrite(table, identifier, options)
+    return RunResult(identifier, plan, new_run_id(), backed_off=reason)
 
 
 def compact(

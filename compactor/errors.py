@@ -52,12 +52,56 @@ class TableNotFoundError(UsageError):
     """The catalog, namespace or table named on the command line does not exist."""
 
 
+class CatalogUnreachableError(CompactorError):
+    """The catalog did not answer (connection refused or reset, timeout, unknown host): exit 1
+    whatever the catalog's type, since the same settings may work once it is back."""
+
+
+class TableMetadataMissingError(CompactorError):
+    """The catalog points at a table metadata file that storage no longer holds."""
+
+
 class UnsupportedTableError(CompactorError):
     """The table uses a feature compactor cannot yet rewrite safely."""
 
 
 class DataFileError(CompactorError):
     """A data or delete file of the table is missing or unreadable."""
+
+
+# What storage and pyarrow say of a file that is missing or not valid Parquet, where a retry
+# cannot help (unlike a throttled or failing store, which the storage retries handle).
+MISSING_MARKERS = ("NoSuchKey", "NO_SUCH_KEY")
+CORRUPT_MARKERS = (
+    "Parquet magic bytes not found",
+    "Couldn't deserialize thrift",
+    "Parquet file size is",
+)
+
+
+class UnreadableFileError(DataFileError):
+    """A file of a group is missing from storage or not valid Parquet: the group is skipped."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(path, reason)
+        self.path, self.reason = path, reason
+
+    def __str__(self) -> str:
+        return f"unreadable file {self.path}: {self.reason}"
+
+
+def file_error(kind: str, path: str, exc: BaseException) -> DataFileError:
+    """``exc``, raised reading ``path`` (a ``kind`` file), as one error naming the file.
+
+    An :class:`UnreadableFileError` when it says the file is missing or not valid Parquet;
+    otherwise (a storage failure, a bug) a plain :class:`DataFileError`.
+    """
+    text = first_line(exc)
+    if isinstance(exc, FileNotFoundError) or any(m in text for m in MISSING_MARKERS):
+        return UnreadableFileError(path, f"missing {kind} file: {text}")
+    if isinstance(exc, OSError | ValueError) and any(m in text for m in CORRUPT_MARKERS):
+        return UnreadableFileError(path, f"corrupt {kind} file: {text}")
+    return DataFileError(f"{kind} file {path}: {text}")
 
 
 class CommitConflictError(CompactorError):

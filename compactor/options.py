@@ -53,6 +53,11 @@ DEFAULT_DELETE_FILE_THRESHOLD: int | None = None
 DEFAULT_DELETE_RATIO_THRESHOLD = 0.3
 DEFAULT_MAX_GROUP_SIZE = 100 * GiB
 DEFAULT_ROW_GROUP_SIZE = 128 * MiB
+# A group's rewrite is not committed when its output is more than this share larger than its
+# input, unless it applies deletes, moves rows to another spec, or divides the file count by at
+# least MIN_FILE_REDUCTION_FOR_GROWTH (many small files into few are worth a few more bytes).
+MAX_OUTPUT_GROWTH = 0.02
+MIN_FILE_REDUCTION_FOR_GROWTH = 2
 # Memory: a run aims to keep its process's resident memory under --memory-limit. Past a fixed
 # allowance for the interpreter and libraries, each worker costs a fixed overhead plus three
 # equal shares (ClickHouse's S3 insert guide: buffer ~ limit / (3 x workers)): rows read ahead

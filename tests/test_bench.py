@@ -115,6 +115,8 @@ QUERIES_SCHEMA = {
         "mb_per_s": float,
         "files_before": int,
         "files_after": int,
+        "data_bytes_before": int,
+        "data_bytes_after": int,
         "tables": [dict],
     },
     "s3_requests": (dict, type(None)),
@@ -262,8 +264,11 @@ def test_queries_bench_reports_identical_results_on_fewer_files(tmp_path: Path) 
     assert compaction["input_files"] > compaction["output_files"] > 0
     assert compaction["files_before"] == load["files"] > compaction["files_after"]
     assert compaction["records"] <= load["rows_loaded"]
+    # Bin-packing rewrites the same rows: the data files do not grow.
+    assert 0 < compaction["data_bytes_after"] <= compaction["data_bytes_before"] == load["bytes"]
     out = tmp_path / "report"
     markdown = (out / "report.md").read_text()
+    assert f"**Data files: {compaction['data_bytes_before'] / 10**6:,.1f} MB before" in markdown
     for number in DEFAULT_QUERIES:
         assert f"| {number} |" in markdown
     assert (out / "chart.png").read_bytes().startswith(PNG_MAGIC)

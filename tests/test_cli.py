@@ -12,11 +12,15 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 import pyiceberg.catalog
 import pytest
+from catalog_servers import free_port
 from helpers import (
+    assert_documented,
+    assert_dry_run_predicts,
     assert_same_rows,
     commit_delete_files,
     live_data_files,
@@ -212,7 +216,7 @@ def test_run_json_commits_one_replace_snapshot_then_finds_nothing_to_do(home: Pa
     assert report["rewritten_bytes"] == input_bytes
     assert 0 < report["added_files"] < report["rewritten_files"]
     assert report["added_bytes"] > 0
-    assert isinstance(report["duration_s"], int | float) and report["duration_s"] >= 0
+    assert isinstance(report["duration_ms"], int) and report["duration_ms"] >= 0
     table = load(home)
     assert_replace_snapshot(table, report["snapshot_id"], start_id)
     assert len(data_files(table)) == report["added_files"]
@@ -348,35 +352,40 @@ def test_unreadable_pyiceberg_yaml_is_one_error_line_naming_the_file(
     before.check()
 
 
-def test_missing_data_file_fails_with_exit_1_and_verbose_shows_the_traceback(home: Path) -> None:
-    missing, _ = data_files(load(home))[0]
-    missing.unlink()
-    before = Untouched(home)
-
-    result = run_table(home, *SMALL_TARGET, "--json")
-
-    assert_one_error_line(result, 1, str(missing))
-    before.check()
-
-    verbose = compactor(home, "--verbose", "run", "--table", TABLE, *SMALL_TARGET, "--json")
-
-    assert verbose.returncode == 1
-    assert "Traceback (most recent call last)" in verbose.stderr
-    last = verbose.stderr.splitlines()[-1]
-    assert last.startswith("error: ") and str(missing) in last
-    assert json.loads(verbose.stdout) == {"error": last.removeprefix("error: "), "exit_code": 1}
-    before.check()
-
-
-def test_corrupt_data_file_fails_with_exit_1_and_commits_nothing(home: Path) -> None:
-    corrupt, _ = data_files(load(home))[-1]
-    corrupt.write_bytes(b"this is not a parquet file\n" * 100)
-    before = Untouched(home)
+@pytest.mark.parametrize("how", ["missing", "corrupt"])
+def test_an_unreadable_data_file_skips_its_group_with_exit_1_naming_it(
+    home: Path, how: str
+) -> None:
+    start = load(home)
+    bad, _ = data_files(start)[0]
+    if how == "missing":
+        bad.unlink()
+    else:
+        bad.write_bytes(b"this is not a parquet file\n" * 100)
 
     result = run_table(home, *SMALL_TARGET)
 
-    assert_one_error_line(result, 1, str(corrupt))
-    before.check()
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    # One log line for the skipped file, then the error line, both naming it and the cause.
+    warning, error = [line for line in result.stderr.splitlines() if str(bad) in line]
+    assert warning.startswith("WARNING ") and "table db.events: group " in warning
+    assert error == result.stderr.splitlines()[-1]
+    assert error.startswith("error: table db.events: 1 group failed (committed groups stay ")
+    assert f"unreadable file file://{bad}: {how} data file: " in error
+    assert "committed replace snapshot" in result.stdout
+    reason = error.split("; group ", 1)[1].split(": ", 1)[1]  # the file and the cause
+    assert f"not committed (error): {reason}\n" in result.stdout
+    after = load(home)
+    assert_replace_snapshot(
+        after, after.metadata.current_snapshot_id, start.metadata.current_snapshot_id
+    )
+    assert bad in dict(data_files(after))  # its group keeps its files; the others are compacted
+    assert len(data_files(after)) < len(data_files(start))
+    inspected = compactor(home, "inspect", "--table", TABLE, "--json")
+    assert json.loads(inspected.stdout)["unreadable_files"] == [f"file://{bad}"]
+    shown = compactor(home, "inspect", "--table", TABLE).stdout
+    assert f"unreadable file, skipped by the last compaction: file://{bad}" in shown
 
 
 # --- catalogs configured the pyiceberg way ---------------------------------------------------
@@ -465,6 +474,7 @@ def test_rewrite_deletes_compacts_the_position_deletes_of_files_left_alone(home:
 
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
+    assert_documented("rewrite-deletes", data)
     assert (data["files_removed"], data["files_added"]) == (2, 1)
     assert data["delete_files_before"]["position"] == 2
     assert data["delete_files_after"]["position"] == 1
@@ -547,3 +557,132 @@ def test_verbose_is_taken_after_the_command_too(shared_home: Path) -> None:
         assert result.returncode == 2, result.stderr
         assert "Traceback (most recent call last)" in result.stderr, result.stderr[:500]
         assert result.stderr.splitlines()[-1].startswith("error: table db.nope: no such table")
+
+
+def test_a_run_off_a_terminal_logs_progress_lines_on_stderr(home: Path) -> None:
+    every_group = {"COMPACTOR_PROGRESS_INTERVAL": "0"}
+    result = run_table(home, *SMALL_TARGET, "--json", env=every_group)
+
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["rewritten_files"] == DATA_FILES  # stdout: JSON alone
+    lines = result.stderr.splitlines()
+    assert lines and all(" progress db.events: " in line for line in lines), result.stderr
+    assert f": {DATA_FILES} of {DATA_FILES} files, " in lines[-1]
+    assert "(100%)" in lines[-1] and "/s" in lines[-1] and "left" not in lines[-1]
+
+    bad = run_table(home, env={"COMPACTOR_PROGRESS_INTERVAL": "soon"})
+    assert_one_error_line(bad, 2, "COMPACTOR_PROGRESS_INTERVAL='soon'")
+
+
+# --- --json: one documented shape per command ------------------------------------------------
+
+
+def json_of(home: Path, *args: str, code: int = 0) -> dict[str, Any]:
+    """What ``compactor ARGS --json`` prints, after checking its exit code."""
+    result = compactor(home, *args, "--json")
+    assert result.returncode == code, result.stderr
+    document: dict[str, Any] = json.loads(result.stdout)
+    return document
+
+
+def test_every_json_output_has_the_documented_shape_whatever_happened(home: Path) -> None:
+    """docs/json-output.md lists every field each command prints, with its type."""
+    inspect = ("inspect", "--table", TABLE, *SMALL_TARGET[:3])
+    before = json_of(home, *inspect)
+    dry = json_of(home, *RUN, *SMALL_TARGET, "--dry-run")
+    done = json_of(home, *RUN, *SMALL_TARGET)
+    nothing = json_of(home, *RUN, *SMALL_TARGET)
+    after = json_of(home, *inspect)
+    for document in (dry, done, nothing):
+        assert_documented("run", document)
+    assert dry["snapshot_id"] is None and dry["groups"] == done["committed_groups"] > 0
+    assert (nothing["snapshot_id"], nothing["groups"]) == (None, 0)
+    for document in (before, after):
+        assert_documented("inspect", document)
+    assert before["small_files"] == DATA_FILES and after["small_files"] == 0
+    assert after["files_under_target"] == after["data_files"] == len(PARTITIONS)
+
+    expire = ("expire", "--table", TABLE, "--older-than", "0s", "--retain-last", "1")
+    expire_dry = json_of(home, *expire, "--dry-run")
+    expired = json_of(home, *expire)
+    stray = Path(urlparse(load(home).metadata.location).path) / "data" / "stray.parquet"
+    stray.write_bytes(b"not parquet")
+    os.utime(stray, (0, 0))
+    orphans = ("orphans", "--table", TABLE, "--older-than", "1d")
+    orphans_dry = json_of(home, *orphans, "--dry-run")
+    swept = json_of(home, *orphans)
+    for command, dry_run, real in (
+        ("expire", expire_dry, expired),
+        ("orphans", orphans_dry, swept),
+    ):
+        assert_documented(command, dry_run)
+        assert_documented(command, real)
+        assert_dry_run_predicts(dry_run, real)
+        assert real["files_deleted"] > 0
+    assert [urlparse(p).path for p in swept["deleted_paths"]] == [str(stray)]
+
+    failed = json_of(home, "run", "--table", "db.nope", code=2)
+    assert set(failed) == {"error", "exit_code"} and "db.nope" in failed["error"]
+
+
+@pytest.mark.parametrize("kind", ["rest", "postgresql", "sqlite", "glue"])
+def test_an_unreachable_catalog_is_exit_1_whatever_its_type(tmp_path: Path, kind: str) -> None:
+    port = free_port()
+    properties = {
+        "rest": {"URI": f"http://127.0.0.1:{port}"},
+        "postgresql": {"URI": f"postgresql+psycopg2://u:p@127.0.0.1:{port}/lake"},
+        "sqlite": {"URI": f"sqlite:///{tmp_path / 'no-such-dir' / 'catalog.db'}"},
+        "glue": {"TYPE": "glue", "GLUE__ENDPOINT": f"http://127.0.0.1:{port}"},
+    }[kind]
+    env = {f"PYICEBERG_CATALOG__LAKE__{key}": value for key, value in properties.items()}
+    env.update(AWS_ACCESS_KEY_ID="x", AWS_SECRET_ACCESS_KEY="y", AWS_DEFAULT_REGION="us-east-1")
+
+    result = compactor(tmp_path, "run", "--json", "--catalog", "lake", "--table", "db.t", env=env)
+    assert_one_error_line(result, 1, "catalog 'lake' is unreachable: ")
+
+
+def test_a_missing_metadata_file_is_one_line_naming_the_table_and_the_file(home: Path) -> None:
+    metadata = Path(urlparse(load(home).metadata_location).path)
+    metadata.unlink()
+
+    for args in (("inspect",), ("run", "--json")):
+        result = compactor(home, *args, "--table", TABLE)
+        line = assert_one_error_line(result, 1, f"table {TABLE}: its metadata file is missing")
+        assert str(metadata) in line
+
+
+def test_a_run_with_a_failed_group_prints_one_json_document_and_exits_1(home: Path) -> None:
+    bad, _ = data_files(load(home))[0]
+    bad.unlink()
+
+    result = run_table(home, *SMALL_TARGET, "--json")
+
+    assert result.returncode == 1, result.stderr
+    report = json.loads(result.stdout)  # the run's document alone, naming the failed group
+    assert_documented("run", report)
+    (failed,) = report["failed_groups"]
+    assert failed["kind"] == "error" and str(bad) in failed["reason"]
+    assert report["committed_groups"] == report["groups"] - 1
+    assert result.stderr.splitlines()[-1].startswith("error: table db.events: 1 group failed")
+
+
+def test_files_that_could_not_be_deleted_exit_1_with_one_json_document(home: Path) -> None:
+    before = set(live_data_files(load(home)))
+    assert run_table(home, *SMALL_TARGET).returncode == 0
+    # One of the rewritten files, which expiring every older snapshot deletes, becomes a
+    # directory: removing it fails as a refused delete on object storage would.
+    stuck = Path(urlparse(sorted(before)[0]).path)
+    stuck.unlink()
+    stuck.mkdir()
+    (stuck / "keep").write_text("x")
+
+    result = compactor(
+        home, "expire", "--table", TABLE, "--older-than", "0s", "--retain-last", "1", "--json"
+    )
+
+    assert result.returncode == 1, result.stderr
+    document = json.loads(result.stdout)  # one document: the report, listing the failure
+    assert_documented("expire", document)
+    assert document["failed"] == [sorted(before)[0]]
+    assert document["deleted"]["data_files"]["files"] == len(before) - 1
+    assert result.stderr.splitlines()[-1].startswith(f"error: table {TABLE}: could not delete ")

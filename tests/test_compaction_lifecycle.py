@@ -16,12 +16,12 @@ from helpers import (
     new_data_files,
     run_compaction,
     scan_rows,
+    unreferenced_files,
 )
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 
 from compactor.bench.sample import create_events_table
-from compactor.errors import DataFileError
 
 
 def _events(catalog: Catalog, *, format_version: str = "2", commits: int = 5) -> Table:
@@ -135,14 +135,12 @@ def _sabotage(path: Path, how: str) -> None:
 
 @pytest.mark.parametrize("how", ["missing", "corrupt"])
 @pytest.mark.parametrize("position", ["first", "last"])
-def test_bad_data_file_aborts_cleanly(
-    catalog: Catalog, warehouse: Path, how: str, position: str
-) -> None:
-    """A missing or corrupt input fails the run naming the file; nothing is left behind.
+def test_bad_data_file_skips_its_group_cleanly(catalog: Catalog, how: str, position: str) -> None:
+    """A missing or corrupt input skips its group, naming the file; the others are committed.
 
     "first": the first file of the first group, with other groups running in parallel.
-    "last": the last file of the last group, run serially, so every other group has already
-    written its output files, which must all be removed.
+    "last": the last file of the last group, run serially, so that group has already written
+    output for its other files, which must be removed.
     """
     table = _events(catalog)
     plan = run_compaction(catalog, "db.ev", dry_run=True)[0].plan
@@ -150,30 +148,27 @@ def test_bad_data_file_aborts_cleanly(
     group = plan.groups[0 if position == "first" else -1]
     victim = group.files[0 if position == "first" else -1].data_file
     _sabotage(local_path(victim.file_path), how)
-    snapshots = len(table.metadata.snapshots)
-    metadata_location = table.metadata_location
-    listing = list_files(warehouse)
 
-    with pytest.raises(DataFileError) as error:
-        run_compaction(catalog, "db.ev", parallelism=2 if position == "first" else 1)
+    result, after = run_compaction(catalog, "db.ev", parallelism=2 if position == "first" else 1)
 
-    assert victim.file_path in str(error.value)
-    after = catalog.load_table("db.ev")
-    assert len(after.metadata.snapshots) == snapshots
-    assert after.metadata_location == metadata_location
-    assert list_files(warehouse) == listing
+    assert [f.path for f in result.skipped_files] == [victim.file_path]
+    assert [f.group_id for f in result.failures] == [result.skipped_files[0].group_id]
+    assert len(result.committed) == len(plan.groups) - 1
+    assert len(after.metadata.snapshots) == len(table.metadata.snapshots) + 1
+    assert {f.path for f in group.files} <= set(live_data_files(after))
+    assert unreferenced_files(after) == []
 
 
 def test_failure_keeps_rows_and_a_later_run_succeeds(catalog: Catalog) -> None:
-    """After a failed run (file restored), compaction works and the rows are intact."""
+    """After a run that skipped a corrupt file (then restored), compaction works and the rows
+    are intact."""
     table = _events(catalog)
     victim = next(iter(live_data_files(table)))
     path = local_path(victim)
     original = path.read_bytes()
     before_rows = scan_rows(table)
     _sabotage(path, "corrupt")
-    with pytest.raises(DataFileError):
-        run_compaction(catalog, "db.ev")
+    assert [f.path for f in run_compaction(catalog, "db.ev")[0].skipped_files] == [victim]
     path.write_bytes(original)
 
     _, after, rows = compact_and_verify(catalog, "db.ev")

@@ -4,24 +4,39 @@ from __future__ import annotations
 
 import math
 import random
+from datetime import datetime, timedelta
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from helpers import (
+    assert_same_rows,
     compact_and_verify,
+    list_files,
     live_data_files,
     local_path,
     new_data_files,
     read_data_file,
+    run_compaction,
     scan_rows,
 )
 from pyiceberg.catalog import Catalog
 from pyiceberg.conversions import from_bytes
+from pyiceberg.manifest import DataFile
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
+from pyiceberg.table import Table
 from pyiceberg.transforms import IdentityTransform
-from pyiceberg.types import BinaryType, LongType, NestedField, StringType
+from pyiceberg.types import (
+    BinaryType,
+    DoubleType,
+    LongType,
+    NestedField,
+    StringType,
+    TimestampType,
+)
 
+from compactor.options import MAX_OUTPUT_GROWTH
 from compactor.sizes import parse_size
 
 SCHEMA = Schema(
@@ -168,3 +183,96 @@ def test_a_group_too_large_for_one_core_is_cut_in_write_order(catalog: Catalog) 
         sizes = [f.file_size_in_bytes for f in group_result.data_files]
         for size in sizes[:-1]:
             assert abs(size - target) <= 0.1 * target, (sizes, target)
+
+
+# --- output size -------------------------------------------------------------------------------
+
+EVENTS = Schema(
+    NestedField(1, "event_id", LongType(), required=False),
+    NestedField(2, "user", StringType(), required=False),
+    NestedField(3, "kind", StringType(), required=False),
+    NestedField(4, "url", StringType(), required=False),
+    NestedField(5, "at", TimestampType(), required=False),
+    NestedField(6, "value", DoubleType(), required=False),
+)
+
+
+def _append_events(table: Table, appends: int, rows: int = 4000) -> None:
+    """``appends`` commits of ``rows`` events, as a small application writes them."""
+    rng = random.Random(4)
+    for k in range(appends):
+        start = datetime(2024, 1, 1) + timedelta(hours=k)
+        data = {
+            "event_id": list(range(k * rows, (k + 1) * rows)),
+            "user": [f"user-{rng.randrange(5000)}" for _ in range(rows)],
+            "kind": [rng.choice(["click", "view", "buy", "scroll"]) for _ in range(rows)],
+            "url": [
+                f"https://example.com/p/{rng.randrange(10**5)}?q={rng.random():.6f}"
+                for _ in range(rows)
+            ],
+            "at": [start + timedelta(seconds=i) for i in range(rows)],
+            "value": [rng.random() for _ in range(rows)],
+        }
+        table.append(pa.table(data, schema=table.schema().as_arrow()))
+
+
+def _data_bytes(files: dict[str, DataFile]) -> int:
+    return sum(f.file_size_in_bytes for f in files.values())
+
+
+def test_compacting_small_appends_does_not_grow_the_data(catalog: Catalog) -> None:
+    """Ten appends of a few thousand events compact into one file no larger than they were:
+    high-cardinality columns (ids, URLs, timestamps, doubles) are written plain, not with a
+    dictionary larger than their values; low-cardinality ones keep theirs."""
+    _append_events(catalog.create_table("db.t", EVENTS), appends=10)
+    before = catalog.load_table("db.t")
+
+    _, after, _ = compact_and_verify(catalog, "db.t", target_file_size="64MiB")
+
+    (added,) = new_data_files(before, after)
+    assert added.file_size_in_bytes <= _data_bytes(live_data_files(before))
+    metadata = pq.ParquetFile(local_path(added.file_path)).metadata
+    chunks = {
+        metadata.row_group(0).column(i).path_in_schema: metadata.row_group(0).column(i)
+        for i in range(metadata.num_columns)
+    }
+    assert {name for name, chunk in chunks.items() if chunk.has_dictionary_page} == {
+        "user",
+        "kind",
+    }
+
+
+def test_a_rewrite_that_grows_the_data_is_not_committed(catalog: Catalog) -> None:
+    """A file written compressed, in a table whose codec is now uncompressed, is left as it
+    is: rewriting it alone would only make it larger. Its output is deleted; rows unchanged."""
+    table = catalog.create_table("db.t", EVENTS)
+    _append_events(table, appends=1)
+    with table.transaction() as tx:
+        tx.set_properties({"write.parquet.compression-codec": "uncompressed"})
+    table = catalog.load_table("db.t")
+    rows, files = scan_rows(table), list_files(local_path(table.location()) / "data")
+    snapshot = table.current_snapshot()
+
+    result, after = run_compaction(catalog, "db.t", rewrite_all=True)
+
+    (grown,) = result.to_dict()["grown_groups"]
+    assert (grown["input_files"], grown["output_files"]) == (1, 1)
+    assert grown["output_bytes"] > grown["input_bytes"] * (1 + MAX_OUTPUT_GROWTH)
+    assert result.snapshot_ids == []
+    assert after.current_snapshot() == snapshot
+    assert_same_rows(rows, scan_rows(after))
+    assert list_files(local_path(after.location()) / "data") == files
+
+
+def test_a_rewrite_that_grows_but_merges_many_files_is_committed(catalog: Catalog) -> None:
+    """Growth is accepted in exchange for at least halving the file count."""
+    table = catalog.create_table("db.t", EVENTS)
+    _append_events(table, appends=4, rows=1000)
+    with table.transaction() as tx:
+        tx.set_properties({"write.parquet.compression-codec": "uncompressed"})
+    before = catalog.load_table("db.t")
+
+    result, after, _ = compact_and_verify(catalog, "db.t", target_file_size="64MiB")
+
+    assert result.to_dict()["grown_groups"] == []
+    assert _data_bytes(live_data_files(after)) > _data_bytes(live_data_files(before))

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
@@ -23,7 +24,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import assert_same_rows, scan_rows, unreferenced_files
+from helpers import (
+    assert_documented,
+    assert_same_rows,
+    live_data_files,
+    local_path,
+    scan_rows,
+    unreferenced_files,
+)
 from java_reader import JavaReader, java_read
 from java_writer import read_expected, write_cdc_table
 from prometheus_client.parser import text_string_to_metric_families
@@ -33,6 +41,7 @@ from test_stress import INITIAL_COMMITS, INITIAL_ROWS, _read_log, _start_writer
 from test_stress import TABLE as WRITER_TABLE
 
 from compactor.bench.sample import create_events_table
+from compactor.daemon.service import DEGRADED_AFTER_FAILED_TICKS
 
 pytestmark = pytest.mark.slow  # left out by `make test-quick`
 
@@ -169,9 +178,10 @@ class Setup:
             db.row_factory = sqlite3.Row
             return [dict(row) for row in db.execute("SELECT * FROM runs ORDER BY id")]
 
-    def status(self) -> dict[str, Any]:
+    def cli(self, *args: str) -> str:
+        """What ``compactor ARGS`` prints on stdout, in the daemon's directory and environment."""
         process = subprocess.run(
-            [str(COMPACTOR), "status", "--config", "compactor.toml", "--json"],
+            [str(COMPACTOR), *args],
             cwd=self.root,
             env=self.env,
             stdin=subprocess.DEVNULL,
@@ -181,7 +191,12 @@ class Setup:
             check=False,
         )
         assert process.returncode == 0, process.stderr
-        result: dict[str, Any] = json.loads(process.stdout)
+        return process.stdout
+
+    def status(self) -> dict[str, Any]:
+        result: dict[str, Any] = json.loads(
+            self.cli("status", "--config", "compactor.toml", "--json")
+        )
         return result
 
 
@@ -433,10 +448,174 @@ def test_cron_schedules_wait_for_their_time_and_every_schedules_start_at_once(
     daemon = setup.start()
     try:
         daemon.run_finished("db.first", committed=True)  # the `every` job ticked at start
-        schedules = {(s["job"], s["action"]): s["next_run_at"] for s in setup.status()["schedules"]}
+        schedules = {
+            (s["job"], s["action"]): s["next_run_at_ms"] for s in setup.status()["schedules"]
+        }
     finally:
         assert daemon.terminate() == 0
     assert [r["action"] for r in setup.runs() if r["action"] == "expire"] == []
-    next_expire = datetime.fromtimestamp(schedules[("nightly", "expire")], UTC)
+    next_expire = datetime.fromtimestamp(schedules[("nightly", "expire")] / 1000, UTC)
     assert (next_expire.hour, next_expire.minute, next_expire.second) == (3, 0, 0)
     assert next_expire > datetime.now(UTC)
+
+
+def _health(url: str) -> tuple[int, dict[str, Any]]:
+    """``/healthz``: status code and JSON body, whatever the code."""
+    try:
+        with urllib.request.urlopen(f"{url}/healthz", timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def test_a_job_failing_every_tick_is_shown_degrades_health_and_recovers(setup: Setup) -> None:
+    create_events_table(setup.catalog, "db.events", commits=6, rows_per_commit=100, days=2)
+    setup.job("healthy", COMPACT_EVERY_SECOND.replace('"db.*"', '"db.events"'))
+    setup.job("broken", COMPACT_EVERY_SECOND.replace('"db.*"', '"db.gone"'))
+    daemon = setup.start()
+    try:
+        seen: dict[str, dict[str, Any]] = {}
+
+        def failing_and_compacted(event: dict[str, Any]) -> bool:
+            if (
+                event.get("job") == "broken"
+                and event.get("consecutive_failures", 0) >= DEGRADED_AFTER_FAILED_TICKS
+            ):
+                seen.setdefault("failing", event)
+            if (
+                event.get("event") == "run_finished"
+                and event["table"] == "db.events"
+                and event["snapshot_ids"]
+            ):
+                seen["compacted"] = event  # the healthy job still compacts
+            return len(seen) == 2
+
+        daemon.wait_for(
+            failing_and_compacted,
+            f"{DEGRADED_AFTER_FAILED_TICKS} failed ticks of one job and a compaction by the other",
+        )
+        code, health = _health(daemon.url)
+        metrics = daemon.metrics()
+        status = setup.status()
+        # The table appears: the next tick succeeds and the daemon is healthy again.
+        create_events_table(setup.catalog, "db.gone", commits=1, rows_per_commit=10, days=1)
+        daemon.wait_for(
+            lambda e: e.get("job") == "broken" and e.get("consecutive_failures") == 0,
+            "a successful tick of the broken job",
+        )
+        recovered_code, recovered = _health(daemon.url)
+        recovered_status = setup.status()
+    finally:
+        assert daemon.terminate() == 0, "".join(daemon.lines)
+
+    missing = f"table db.gone does not exist in catalog '{CATALOG}'"
+    assert (seen["failing"]["event"], seen["failing"]["error"]) == ("tick_failed", missing)
+    assert (code, health["status"]) == (503, "degraded"), health
+    (failed,) = health["failing"]
+    assert (failed["job"], failed["action"], failed["error"]) == ("broken", "compact", missing)
+    assert failed["consecutive_failures"] >= DEGRADED_AFTER_FAILED_TICKS
+    broken = (("action", "compact"), ("job", "broken"))
+    healthy = (("action", "compact"), ("job", "healthy"))
+    assert metrics[("compactor_job_tick_failures_total", broken)] >= DEGRADED_AFTER_FAILED_TICKS
+    assert metrics[("compactor_job_consecutive_tick_failures", broken)] >= (
+        DEGRADED_AFTER_FAILED_TICKS
+    )
+    assert metrics[("compactor_job_tick_failures_total", healthy)] == 0
+    assert metrics[("compactor_job_consecutive_tick_failures", healthy)] == 0
+    jobs = {j["job"]: j for j in status["jobs"]}
+    assert jobs["broken"]["last_outcome"] == "failed"
+    assert jobs["broken"]["consecutive_failures"] >= DEGRADED_AFTER_FAILED_TICKS
+    assert (jobs["broken"]["last_success_at_ms"], jobs["broken"]["last_error"]) == (None, missing)
+    assert (jobs["healthy"]["last_outcome"], jobs["healthy"]["consecutive_failures"]) == ("ok", 0)
+    assert jobs["healthy"]["last_success_at_ms"] is not None
+
+    assert (recovered_code, recovered["status"]) == (200, "ok"), recovered
+    assert "failing" not in recovered
+    jobs = {j["job"]: j for j in recovered_status["jobs"]}
+    assert (jobs["broken"]["last_outcome"], jobs["broken"]["consecutive_failures"]) == ("ok", 0)
+    assert jobs["broken"]["last_success_at_ms"] is not None
+    assert jobs["broken"]["last_error"] is None
+
+
+def test_an_unreadable_file_is_logged_recorded_and_shown_by_status(setup: Setup) -> None:
+    table = create_events_table(setup.catalog, "db.bad", commits=3, rows_per_commit=200, days=1)
+    bad = sorted(live_data_files(table))[0]
+    local_path(bad).unlink()
+    setup.job("bad", COMPACT_EVERY_SECOND.replace('"db.*"', '"db.bad"'))
+    daemon = setup.start()
+    try:
+        logged = daemon.wait_for(lambda e: e.get("event") == "file_unreadable", "a skipped file")
+        finished = daemon.run_finished("db.bad", committed=True)
+    finally:
+        assert daemon.terminate() == 0, "".join(daemon.lines)
+    assert (logged["level"], logged["table"], logged["path"]) == ("warning", "db.bad", bad)
+    assert f"unreadable file {bad}: missing data file: " in logged["message"]
+    assert finished["outcome"] == "partial", finished
+    assert [f["path"] for f in finished["skipped_files"]] == [bad]
+    (row,) = [t for t in setup.status()["tables"] if t["table"] == "db.bad"]
+    assert row["last_compaction"]["skipped_files"] == finished["skipped_files"]
+    shown = setup.cli("status", "--config", "compactor.toml")
+    assert "unreadable files" in shown and bad in shown
+    assert finished["skipped_files"][0]["reason"] in shown.stdout  # "[errno 2]" and all
+
+
+# Scores db.events from its manifests at every tick and never finds it due.
+SCORE_ONLY = """
+tables = ["db.events"]
+
+[compact]
+every = "1h"
+min_small_files = 100000
+min_small_bytes = "1TiB"
+"""
+
+
+def _cell(text: str, row: str, column: int) -> str:
+    """Column ``column`` of the rich table row of ``text`` whose first cell is ``row``."""
+    cells = [
+        [cell.strip() for cell in line.split("│")[1:-1]]
+        for line in text.splitlines()
+        if "│" in line
+    ]
+    (found,) = [c for c in cells if c[0] == row]
+    return found[column]
+
+
+def test_inspect_status_and_metrics_count_the_same_small_files_before_and_after_a_compaction(
+    setup: Setup,
+) -> None:
+    """Small files are those a compaction would rewrite, wherever they are counted."""
+    create_events_table(setup.catalog, "db.events", commits=6, rows_per_commit=100, days=2)
+    setup.job("score", SCORE_ONLY)
+    inspect = ("inspect", "--table", "db.events", "--catalog", CATALOG)
+    counts = []
+    for step in ("before", "after"):
+        if step == "after":
+            setup.cli("run", "--table", "db.events", "--catalog", CATALOG)
+        daemon = setup.start()
+        try:
+            daemon.wait_for(lambda e: e.get("event") == "tick" and e["job"] == "score", "a scan")
+            metrics = daemon.metrics()
+        finally:
+            assert daemon.terminate() == 0, "".join(daemon.lines)
+        status = setup.status()
+        assert_documented("status", status)
+        (row,) = status["tables"]
+        inspected = json.loads(setup.cli(*inspect, "--json"))
+        counts.append(
+            {
+                "inspect --json": inspected["small_files"],
+                "inspect": int(
+                    _cell(setup.cli(*inspect), "small files (a compaction would rewrite)", 1)
+                ),
+                "status --json": row["small_files"],
+                "status": int(
+                    _cell(setup.cli("status", "--config", "compactor.toml"), "db.events", 2)
+                ),
+                "/metrics": metrics[("compactor_table_small_files", (("table", "db.events"),))],
+            }
+        )
+        assert row["files_under_target"] == inspected["files_under_target"] > 0
+    before, after = counts
+    assert set(before.values()) == {6 * 8}, before  # 6 files in each of 8 partitions
+    assert set(after.values()) == {0}, after  # 8 files left, one a partition: nothing to merge

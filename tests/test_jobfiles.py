@@ -18,6 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from catalog_servers import free_port
+from helpers import assert_documented
+from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.schema import Schema
+from pyiceberg.types import LongType, NestedField
 from test_cli import COMPACTOR, assert_one_error_line, cli_env
 from typer.testing import CliRunner
 
@@ -107,7 +112,9 @@ def test_jobs_validate_json_lists_every_file_and_its_actions(tmp_path: Path) -> 
 
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
-    assert document["valid"] is True
+    assert_documented("jobs validate", document)
+    assert document["valid"] is True and document["errors"] == [] and document["exit_code"] == 0
+    assert [job["resolved"] for job in document["jobs"]] == [None] * len(copies)
     listed = {Path(job["file"]).name: job for job in document["jobs"]}
     assert sorted(listed) == [p.name for p in copies]
     for path in copies:
@@ -559,3 +566,90 @@ def test_jobs_validate_refuses_a_catalog_that_is_configured_nowhere(tmp_path: Pa
     result = invoke("jobs", "validate", str(directory))  # a directory: its *.toml files
     assert result.returncode == 0, result.stderr
     assert len(result.stdout.splitlines()) == len(EXAMPLES)
+
+
+# --- jobs validate --connect -----------------------------------------------------------------
+
+
+@pytest.fixture
+def lake(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> SqlCatalog:
+    """A SQLite catalog configured as ``lake``, with tables db.a, db.b and db.c."""
+    properties = {"uri": f"sqlite:///{tmp_path}/lake.db", "warehouse": tmp_path.as_uri()}
+    for key, value in {"type": "sql", **properties}.items():
+        monkeypatch.setenv(f"PYICEBERG_CATALOG__LAKE__{key.upper()}", value)
+    catalog = SqlCatalog("lake", **properties)
+    catalog.create_namespace("db")
+    schema = Schema(NestedField(1, "id", LongType(), required=False))
+    for name in ("db.a", "db.b", "db.c"):
+        catalog.create_table(name, schema)
+    return catalog
+
+
+def job_file(directory: Path, name: str, tables: str, catalog: str = "lake") -> Path:
+    path = directory / f"{name}.toml"
+    path.write_text(f'catalog = "{catalog}"\ntables = {tables}\n\n[compact]\nevery = "5m"\n')
+    return path
+
+
+def test_jobs_validate_connect_lists_the_tables_each_job_resolves_to(
+    tmp_path: Path, lake: SqlCatalog
+) -> None:
+    nightly = job_file(tmp_path, "nightly", '["db.*"]')
+    single = job_file(tmp_path, "single", '["db.b"]')
+
+    result = invoke("jobs", "validate", "--connect", str(nightly), str(single))
+
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith(f"{nightly}: ok: db.*: compact every"), lines
+    assert lines[2].startswith(f"{single}: ok: db.b: compact every"), lines
+    assert lines[1::2] == [f"{nightly}: 3 tables (db.a, db.b, db.c)", f"{single}: 1 table (db.b)"]
+    document = json.loads(
+        invoke("jobs", "validate", "--connect", "--json", str(nightly), str(single)).stdout
+    )
+    assert_documented("jobs validate", document)
+    assert document["valid"] is True
+    assert [job["resolved"] for job in document["jobs"]] == [
+        {"catalog": "lake", "tables": ["db.a", "db.b", "db.c"]},
+        {"catalog": "lake", "tables": ["db.b"]},
+    ]
+
+
+def test_jobs_validate_connect_refuses_missing_tables_and_empty_globs_one_line_each(
+    tmp_path: Path, lake: SqlCatalog
+) -> None:
+    good = job_file(tmp_path, "good", '["db.a"]')
+    broken = job_file(tmp_path, "broken", '["db.a", "db.gone", "db.nothing_*", "other.*"]')
+    assert invoke("jobs", "validate", str(tmp_path)).returncode == 0  # offline: nothing to see
+
+    result = invoke("jobs", "validate", "--connect", str(tmp_path))
+
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert result.stderr.splitlines() == [
+        f"error: {broken}: table db.gone does not exist in catalog 'lake'",
+        f"error: {broken}: tables 'db.nothing_*' matches no table in catalog 'lake'",
+        f"error: {broken}: tables 'other.*' matches no table in catalog 'lake'",
+    ]
+    assert result.stdout.splitlines()[1:] == [f"{good}: 1 table (db.a)"]  # broken: not ok
+    document = json.loads(invoke("jobs", "validate", "--connect", "--json", str(tmp_path)).stdout)
+    assert_documented("jobs validate", document)
+    assert document["valid"] is False
+    assert document["exit_code"] == 2
+    assert document["errors"] == [
+        line.removeprefix("error: ") for line in result.stderr.splitlines()
+    ]
+
+
+def test_jobs_validate_connect_names_the_catalog_it_cannot_reach(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PYICEBERG_CATALOG__DOWN__TYPE", "rest")
+    monkeypatch.setenv("PYICEBERG_CATALOG__DOWN__URI", f"http://127.0.0.1:{free_port()}")
+    path = job_file(tmp_path, "remote", '["db.a"]', catalog="down")
+    assert invoke("jobs", "validate", str(path)).returncode == 0  # configured: fine offline
+
+    result = invoke("jobs", "validate", "--connect", str(path))
+
+    expect_refusal(result, path, None, "catalog 'down'", "Connection refused")

@@ -84,12 +84,11 @@ def _compact(
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
+        stderr=subprocess.PIPE,  # progress lines, on a slow machine
         text=True,
     )
-    assert process.stdout is not None
-    out = process.stdout.read()
-    assert process.wait() == 0, out
+    out, errors = process.communicate()
+    assert process.returncode == 0, errors
     result = json.loads(out)
     return result, result["peak_rss_bytes"] / 2**20
 

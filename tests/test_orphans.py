@@ -15,7 +15,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from helpers import assert_same_rows, local_path, scan_rows
+from helpers import assert_dry_run_predicts, assert_same_rows, local_path, scan_rows
 from java_reader import assert_java_reads_same
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import SqlCatalog
@@ -342,9 +342,6 @@ COMPARED = (
     "orphan_files",
     "skipped_too_young",
     "refused",
-    "deleted",
-    "files_deleted",
-    "bytes_deleted",
     "refused_outside_table_location",
     "failed",
 )
@@ -376,8 +373,10 @@ def test_dry_run_changes_nothing_and_predicts_the_real_run(
 
     real = remove_orphans(table, TABLE, orphan_cutoff("3d", NOW_MS)).to_dict()
 
-    assert real["dry_run"] is False and real["orphans"] == []
+    assert real["dry_run"] is False and real["orphans"] == dry["orphans"]
     assert {key: real[key] for key in COMPARED} == {key: dry[key] for key in COMPARED}
+    assert_dry_run_predicts(dry, real)
+    assert real["deleted_paths"] == real["orphans"]
     assert real["files_deleted"] == 3 and real["bytes_deleted"] == 60
     assert len(before) - len(listing(location)) == 3
 
@@ -421,11 +420,12 @@ def test_cli_orphans_dry_run_json(cli_home: Path) -> None:
     report: dict[str, Any] = json.loads(result.stdout)
     assert report["table"] == CLI_TABLE and report["dry_run"] is True
     assert report["orphan_files"] == 2
-    assert report["deleted"] == {
+    assert report["would_delete"] == {
         ORPHAN_DATA: {"files": 1, "bytes": 1000},
         ORPHAN_METADATA: {"files": 1, "bytes": 500},
     }
-    assert report["files_deleted"] == 2 and report["bytes_deleted"] == 1500
+    assert report["would_delete_files"] == 2 and report["would_delete_bytes"] == 1500
+    assert report["files_deleted"] == 0 and report["deleted"] == {}
     assert report["skipped_too_young"] == 0 and report["refused"] == []
     assert sorted(local_path(o).name for o in report["orphans"]) == ["junk.avro", "junk.parquet"]
     assert listing(cli_home / "warehouse") == before

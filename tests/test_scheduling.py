@@ -461,11 +461,11 @@ def fragmentation(
         delete_files=delete_files,
         small_files=mergeable,
         small_bytes=mergeable_bytes,
-        mergeable_small_files=mergeable,
-        mergeable_small_bytes=mergeable_bytes,
+        files_under_target=mergeable,
+        bytes_under_target=mergeable_bytes,
         partitions=4,
         worst_partition=None,
-        worst_partition_small_files=None,
+        worst_partition_files_under_target=None,
         source=MANIFESTS if mergeable is not None else SUMMARY,
         manifests_read=0,
     )
@@ -594,29 +594,29 @@ def test_scanner_counts_agree_with_table_health_and_the_manifests(catalog: Catal
     expected_small = [f for f in data.values() if f.file_size_in_bytes < small]
     assert 0 < len(expected_small) < len(data)
 
-    found = FragmentationScanner().scan(
-        table, TABLE, target, CompactAction(every="1m", min_small_files=1)
-    )
-    health = table_health(table, TABLE, target)
+    section = CompactAction(every="1m", min_small_files=1)
+    found = FragmentationScanner().scan(table, TABLE, target, section)
+    health = table_health(table, TABLE, target, section.min_input_files)
 
     assert found.source == MANIFESTS
     assert found.snapshot_id == table.current_snapshot().snapshot_id
-    assert (found.data_files, found.small_files, found.delete_files) == (
+    assert (found.data_files, found.small_files, found.files_under_target) == (
         health.data_files,
         health.small_files,
-        health.delete_files,
+        health.files_under_target,
     )
-    assert (found.data_bytes, found.small_bytes, found.partitions) == (
+    assert (found.data_bytes, found.small_bytes, found.bytes_under_target) == (
         health.data_bytes,
         health.small_bytes,
-        len(health.partitions),
+        health.bytes_under_target,
     )
+    assert (found.delete_files, found.partitions) == (health.delete_files, len(health.partitions))
     assert found.data_files == len(data) == 8
-    assert found.small_files == len(expected_small)
-    assert found.small_bytes == sum(f.file_size_in_bytes for f in expected_small)
+    assert found.files_under_target == len(expected_small)
+    assert found.bytes_under_target == sum(f.file_size_in_bytes for f in expected_small)
     assert found.delete_files == len(live_delete_files(table)) == 2
     assert found.partitions == 3
-    assert found.score == (found.mergeable_small_files or 0) + 2
+    assert found.score == (found.small_files or 0) + 2
 
 
 def test_rescanning_an_unchanged_snapshot_reads_no_manifest(
@@ -636,7 +636,7 @@ def test_rescanning_an_unchanged_snapshot_reads_no_manifest(
     assert manifest_reads == []
     assert again.snapshot_id == first.snapshot_id
     assert again.data_files == first.data_files
-    assert again.mergeable_small_files == first.mergeable_small_files == 5
+    assert again.small_files == first.small_files == 5
     assert again.manifests_read == 0
 
 
@@ -664,7 +664,7 @@ def test_after_an_append_the_scanner_reads_only_the_new_manifests(
         before = manifest_paths(table)
 
     # The three appended ap files are now worth merging too.
-    assert found.mergeable_small_files == 5 + 3
+    assert found.small_files == 5 + 3
 
 
 def test_a_delete_commit_is_read_as_its_one_new_manifest(
@@ -704,7 +704,7 @@ def test_a_table_below_every_threshold_is_scored_from_its_summary(
     assert found.data_files == 5
     assert found.data_bytes == int(summary["total-files-size"])
     assert found.delete_files == 0
-    assert found.mergeable_small_files is None and found.small_files is None
+    assert found.small_files is None and found.files_under_target is None
     assert due_reasons(found, min_small_files=6) == []
 
 
@@ -728,14 +728,14 @@ def test_a_table_that_might_cross_a_threshold_is_scored_from_its_manifests(
 
     assert found.source == MANIFESTS
     assert found.manifests_read == len(manifest_reads) == 5
-    assert found.mergeable_small_files == 5
+    assert found.small_files == 5
 
 
 # min_input_files -> regions whose small files a rewrite would merge
 MERGEABLE_REGIONS = {1: {"eu", "sa"}, 2: {"eu", "sa"}, 3: {"eu"}, 6: {"eu"}, 7: set()}
 
 
-def test_mergeable_small_files_count_only_partitions_with_min_input_files(
+def test_small_files_count_only_partitions_with_min_input_files(
     catalog: Catalog,
 ) -> None:
     # eu: 6 small files; sa: 2; us and ap: 1 each (nothing to merge a lone file with).
@@ -748,11 +748,11 @@ def test_mergeable_small_files_count_only_partitions_with_min_input_files(
 
         found = FragmentationScanner().scan(table, TABLE, MiB, section)
 
-        assert found.small_files == len(files) == 10
-        assert found.mergeable_small_files == len(expected), min_input_files
-        assert found.mergeable_small_bytes == sum(f.file_size_in_bytes for f in expected)
+        assert found.files_under_target == len(files) == 10
+        assert found.small_files == len(expected), min_input_files
+        assert found.small_bytes == sum(f.file_size_in_bytes for f in expected)
         assert found.worst_partition == "region=eu"
-        assert found.worst_partition_small_files == 6
+        assert found.worst_partition_files_under_target == 6
         assert found.score == len(expected)
         assert bool(due_reasons(found, min_small_files=1)) == bool(expected)
 
@@ -769,5 +769,5 @@ def test_rescanning_the_same_snapshot_under_another_section_uses_that_section(
     assert scanner.scan(catalog.load_table(TABLE), TABLE, MiB, strict).source == SUMMARY
     found = scanner.scan(catalog.load_table(TABLE), TABLE, MiB, eager)
 
-    assert found.mergeable_small_files == 6
+    assert found.small_files == 6
     assert due_reasons(found, min_small_files=1) != []

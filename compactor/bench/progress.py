@@ -1,9 +1,11 @@
-"""Progress of a benchmark's long steps: rich bars on a terminal, nothing in tests."""
+"""Progress of a benchmark's long steps: rich bars on a terminal, otherwise a line a step."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
+from datetime import UTC, datetime
 from typing import Protocol
 
 from rich.console import Console
@@ -24,15 +26,22 @@ class Steps(Protocol):
         ...
 
 
-class QuietSteps:
-    """Shows nothing."""
+class LogSteps:
+    """A line when a step starts and one when it ends, with its time, for logs off a terminal."""
+
+    def __init__(self, console: Console, clock: Callable[[], float] = time.monotonic) -> None:
+        self.console, self.clock = console, clock
 
     @contextmanager
     def step(self, description: str, total: float | None = None) -> Iterator[Advance]:
+        self.note(f"{description} ...")
+        started = self.clock()
         yield lambda _amount: None
+        self.note(f"{description}: done in {self.clock() - started:.1f} s")
 
     def note(self, message: str) -> None:
-        return None
+        moment = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+        self.console.print(f"{moment} {message}", markup=False, highlight=False)
 
 
 class RichSteps:

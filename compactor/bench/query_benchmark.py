@@ -66,7 +66,7 @@ class _BytesProgress:
     def start(self, plan: Plan) -> None:
         return None
 
-    def advance(self, input_bytes: int) -> None:
+    def advance(self, input_files: int, input_bytes: int) -> None:
         self._advance(input_bytes)
 
 
@@ -103,8 +103,8 @@ def _compaction_stats(results: list[RunResult]) -> dict[str, Any]:
                 "input_bytes": data["rewritten_bytes"],
                 "output_bytes": data["added_bytes"],
                 "records": data["records"],
-                "seconds": data["duration_s"],
-                "mb_per_s": _rate(data["rewritten_bytes"], data["duration_s"]),
+                "seconds": round(result.duration_s, 3),
+                "mb_per_s": _rate(data["rewritten_bytes"], result.duration_s),
             }
         )
     total = {
@@ -124,13 +124,14 @@ def _rate(num_bytes: int, seconds: float) -> float:
     return round(num_bytes / MB / seconds, 2) if seconds > 0 else 0.0
 
 
-def _snapshot_files(catalog: Catalog, tables: list[str]) -> dict[str, int]:
-    files = {}
+def _snapshot_total(catalog: Catalog, tables: list[str], key: str) -> int:
+    """The sum over ``tables`` of their current snapshot's summary ``key`` (e.g. total-data-files)."""
+    total = 0
     for name in tables:
         snapshot = catalog.load_table(f"{NAMESPACE}.{name}").current_snapshot()
         summary = snapshot.summary if snapshot else None
-        files[name] = int((summary["total-data-files"] if summary else 0) or 0)
-    return files
+        total += int((summary[key] if summary else 0) or 0)
+    return total
 
 
 def _run_all(
@@ -248,10 +249,13 @@ def run_queries_benchmark(
             "(each group needs several small files); give a smaller --file-size, e.g. 64KB"
         )
     compaction["files_before"] = load["files"]
-    compaction["files_after"] = sum(_snapshot_files(catalog, tables).values())
+    compaction["files_after"] = _snapshot_total(catalog, tables, "total-data-files")
+    compaction["data_bytes_before"] = load["bytes"]
+    compaction["data_bytes_after"] = _snapshot_total(catalog, tables, "total-files-size")
     steps.note(
         f"compacted {compaction['input_files']} files into {compaction['output_files']} "
-        f"in {compaction['seconds']:.1f}s ({compaction['mb_per_s']:.1f} MB/s)"
+        f"in {compaction['seconds']:.1f}s ({compaction['mb_per_s']:.1f} MB/s); data "
+        f"{compaction['data_bytes_before'] / MB:.1f} MB -> {compaction['data_bytes_after'] / MB:.1f} MB"
     )
     after = _run_all(warehouse, catalog, tables, texts, parameters, steps, "after")
     pruned_after = _pruning(catalog, tables, parameters)

@@ -82,6 +82,11 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return [*lines, ""]
 
 
+def _percent(after: float, before: float) -> str:
+    """The change from ``before`` to ``after`` as a signed percentage."""
+    return f"{(after - before) / before:+.1%}" if before else "–"
+
+
 def _machine_lines(report: dict[str, Any]) -> list[str]:
     m = report["machine"]
     versions = ", ".join(f"{k} {v}" for k, v in m["versions"].items())
@@ -110,6 +115,12 @@ def queries_markdown(report: dict[str, Any]) -> str:
         f"Loaded {len(load['tables'])} tables ({load['rows_loaded']:,} rows) as {load['files']:,} "
         f"files ({_mb(load['bytes'])} MB) in {load['commits']:,} commits; "
         f"per query: {p['warmup']} warm-up run(s), then the median of {p['repetitions']} timed run(s).",
+        "",
+        f"**Data files: {_mb(comp['data_bytes_before'])} MB before compaction, "
+        f"{_mb(comp['data_bytes_after'])} MB after "
+        f"({_percent(comp['data_bytes_after'], comp['data_bytes_before'])}); read by the queries: "
+        f"{_mb(totals['bytes_read_before'])} MB before, {_mb(totals['bytes_read_after'])} MB after "
+        f"({_percent(totals['bytes_read_after'], totals['bytes_read_before'])}).**",
         "",
     ]
     header = ["query", "before (s)", "after (s)", "speedup", "files before", "files after"]

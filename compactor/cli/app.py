@@ -9,6 +9,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -21,11 +22,12 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 from rich.table import Table as RichTable
+from rich.text import Text
 
 from compactor import __version__
 from compactor.cli.bench import bench_app
-from compactor.cli.output import err, guarded, out, state
-from compactor.errors import CompactorError, ConfigError, UsageError
+from compactor.cli.output import err, fail, guarded, out, state
+from compactor.errors import EXIT_USAGE, CompactorError, ConfigError, UsageError
 from compactor.options import (
     DEFAULT_COMMIT_EVERY,
     DEFAULT_DELETE_FILE_THRESHOLD,
@@ -38,7 +40,7 @@ from compactor.options import (
     RewriteOptions,
     resolve_options,
 )
-from compactor.redaction import protect
+from compactor.redaction import protect, redact
 from compactor.sizes import count, format_size
 
 if TYPE_CHECKING:
@@ -136,11 +138,17 @@ class _Bar:
             f"rewriting {count(len(plan.groups), 'group')}", total=plan.input_bytes
         )
 
-    def advance(self, input_bytes: int) -> None:
+    def advance(self, input_files: int, input_bytes: int) -> None:
         self._progress.advance(self._task, input_bytes)
 
     def stop(self) -> None:
         self._progress.stop()
+
+
+def _progress_line(message: str, fields: dict[str, Any]) -> None:
+    """A progress line on stderr when no bar can be drawn (stderr is not a terminal)."""
+    moment = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    err.print(f"{moment} progress {message}", markup=False, highlight=False)
 
 
 def _print_plan(plan: Plan) -> None:
@@ -189,7 +197,11 @@ def _print_result(result: RunResult) -> None:
     if data["snapshot_id"] is None:
         out.print(f"{result.table}: nothing compacted (no snapshot committed)")
         for failed in data["failed_groups"]:
-            out.print(f"  group {failed['group_id']} {failed['kind']}: {failed['reason']}")
+            out.print(
+                f"  group {failed['group_id']} {failed['kind']}: {failed['reason']}",
+                markup=False,
+                highlight=False,
+            )
         return
     avg = data["added_bytes"] / data["added_files"] if data["added_files"] else 0
     snapshots = ", ".join(str(i) for i in data["snapshot_ids"])
@@ -197,11 +209,13 @@ def _print_result(result: RunResult) -> None:
         f"{result.table}: committed replace snapshot {snapshots}: "
         f"{count(data['rewritten_files'], 'file')} ({format_size(data['rewritten_bytes'])}) -> "
         f"{count(data['added_files'], 'file')} ({format_size(data['added_bytes'])}, avg {format_size(avg)}) "
-        f"in {data['duration_s']:.1f}s"
+        f"in {data['duration_ms'] / 1000:.1f}s"
     )
     for failed in data["failed_groups"]:
         out.print(
-            f"  group {failed['group_id']} not committed ({failed['kind']}): {failed['reason']}"
+            f"  group {failed['group_id']} not committed ({failed['kind']}): {failed['reason']}",
+            markup=False,
+            highlight=False,
         )
 
 
@@ -414,12 +428,14 @@ def run(
     Safe beside live writers: concurrent appends never conflict; a group whose input was
     changed meanwhile is left out. SIGTERM or Ctrl-C stops cleanly: no new group starts, running
     ones are abandoned, finished ones are committed, exit 0. If another compactor run holds the
-    table, this one backs off and exits 0. Exit 1 when a group failed.
+    table, this one backs off and exits 0. Exit 1 when a group failed; a group with a file that
+    is missing or not valid Parquet is skipped, the file named, and the others are committed.
     """
 
     def go() -> None:
         from compactor.commit.inflight import LeaseHeldError
-        from compactor.compaction import compact
+        from compactor.compaction import backed_off, compact
+        from compactor.execute.progress_log import ProgressLog, progress_interval
 
         tbl = _open_table(catalog, table)
         options = resolve_options(
@@ -453,12 +469,13 @@ def run(
         )
         _warn(options)
         bar = _Bar() if (not as_json and sys.stderr.isatty()) else None
+        progress = bar or ProgressLog(table, _progress_line, progress_interval())
         try:
             with stop_on_signals() as stop:
-                result = compact(tbl, table, options, dry_run=dry_run, progress=bar, stop=stop)
+                result = compact(tbl, table, options, dry_run=dry_run, progress=progress, stop=stop)
         except LeaseHeldError as exc:
             if as_json:
-                print(json.dumps({"table": table, "snapshot_id": None, "backed_off": str(exc)}))
+                print(json.dumps(backed_off(tbl, table, options, str(exc)).to_dict(), indent=2))
             else:
                 err.print(str(exc), markup=False, highlight=False)
             return
@@ -473,10 +490,11 @@ def run(
             _print_result(result)
         if result.errors:
             first = result.errors[0]
-            raise CompactorError(
+            error = CompactorError(
                 f"table {table}: {count(len(result.errors), 'group')} failed (committed groups stay "
                 f"committed); group {first.group_id}: {first.reason}"
             )
+            fail(error)  # with --json, the run's document (failed_groups) stays the only one
 
     guarded(go, as_json=as_json)
 
@@ -492,8 +510,10 @@ def _print_health(health: TableHealth) -> None:
     table.add_row("data bytes", format_size(health.data_bytes))
     table.add_row("records", str(health.records))
     table.add_row("average file size", format_size(health.average_file_size))
+    table.add_row("small files (a compaction would rewrite)", str(health.small_files))
     table.add_row(
-        f"small files (< 75% of {format_size(health.target_file_size)})", str(health.small_files)
+        f"files under target (< 75% of {format_size(health.target_file_size)})",
+        str(health.files_under_target),
     )
     table.add_row("position delete files", str(health.position_delete_files))
     table.add_row("equality delete files", str(health.equality_delete_files))
@@ -501,8 +521,8 @@ def _print_health(health: TableHealth) -> None:
     table.add_row("partitions", str(len(health.partitions)))
     out.print(table)
     if data["worst_partitions"]:
-        parts = RichTable(title="partitions with the most small files")
-        for column in ("partition", "files", "small", "bytes"):
+        parts = RichTable(title="partitions with the most files under target")
+        for column in ("partition", "files", "small", "under target", "bytes"):
             if column == "partition":
                 parts.add_column(column, overflow="fold")
             else:
@@ -512,6 +532,7 @@ def _print_health(health: TableHealth) -> None:
                 p["partition"],
                 str(p["data_files"]),
                 str(p["small_files"]),
+                str(p["files_under_target"]),
                 format_size(p["data_bytes"]),
             )
         out.print(parts)
@@ -537,6 +558,7 @@ def inspect(
     """Show a table's files: count, bytes, average size, small files, delete files, worst partitions."""
 
     def go() -> None:
+        from compactor.compaction import last_unreadable_files
         from compactor.planning.health import table_health
 
         tbl = _open_table(catalog, table)
@@ -547,11 +569,15 @@ def inspect(
             allow_small_target=allow_small_target,
         )
         _warn(options)
-        health = table_health(tbl, table, options.target_file_size)
+        health = table_health(tbl, table, options.target_file_size, options.min_input_files)
+        unreadable = last_unreadable_files(tbl)
         if as_json:
-            print(json.dumps(health.to_dict(), indent=2))
+            print(json.dumps({**health.to_dict(), "unreadable_files": unreadable}, indent=2))
         else:
             _print_health(health)
+            for path in unreadable:
+                line = f"unreadable file, skipped by the last compaction: {path}"
+                out.print(line, markup=False, highlight=False)
 
     guarded(go, as_json=as_json)
 
@@ -559,15 +585,21 @@ def inspect(
 def _report_deletions(title: str, data: dict[str, Any], dry_run: bool) -> None:
     """Print what was (or would be) deleted by kind; fail when some files could not be."""
     verb = "would delete" if dry_run else "deleted"
+    kinds = data["would_delete" if dry_run else "deleted"]
+    files, size = (
+        (data["would_delete_files"], data["would_delete_bytes"])
+        if dry_run
+        else (data["files_deleted"], data["bytes_deleted"])
+    )
     table = RichTable(title=title)
     for column in ("kind", "files", "bytes"):
         table.add_column(column, justify="left" if column == "kind" else "right")
-    for kind, counts in data["deleted"].items():
+    for kind, counts in kinds.items():
         table.add_row(kind.replace("_", " "), str(counts["files"]), format_size(counts["bytes"]))
-    if data["deleted"]:
+    if kinds:
         out.print(table)
     out.print(
-        f"{data['table']}: {verb} {count(data['files_deleted'], 'file')} ({format_size(data['bytes_deleted'])})"
+        f"{data['table']}: {verb} {count(files, 'file')} ({format_size(size)})"
         + (
             f"; refused {data['refused_outside_table_location']} outside the table location"
             if data["refused_outside_table_location"]
@@ -580,9 +612,16 @@ def _report_deletions(title: str, data: dict[str, Any], dry_run: bool) -> None:
         )
         + (f"; {len(data['failed'])} could not be deleted" if data["failed"] else "")
     )
+
+
+def _fail_on_undeleted(data: dict[str, Any]) -> None:
+    """Exit 1 when files could not be deleted; with --json, the command's document stays the
+    only one on stdout."""
     if data["failed"]:
-        raise CompactorError(
-            f"table {data['table']}: could not delete {data['failed'][0]} and others"
+        fail(
+            CompactorError(
+                f"table {data['table']}: could not delete {data['failed'][0]} and others"
+            )
         )
 
 
@@ -667,13 +706,18 @@ def expire(
         data = expire_snapshots(tbl, table, policy, catalog=cat, dry_run=dry_run).to_dict()
         if as_json:
             print(json.dumps(data, indent=2))
-            return
-        verb = "would expire" if dry_run else "expired"
-        out.print(
-            f"{table}: {verb} {count(data['snapshots_expired'], 'snapshot')}, kept {data['snapshots_retained']}"
-            + (f"; removed refs {', '.join(data['refs_removed'])}" if data["refs_removed"] else "")
-        )
-        _report_deletions(f"files only expired snapshots reached ({table})", data, dry_run)
+        else:
+            verb = "would expire" if dry_run else "expired"
+            out.print(
+                f"{table}: {verb} {count(data['snapshots_expired'], 'snapshot')}, kept {data['snapshots_retained']}"
+                + (
+                    f"; removed refs {', '.join(data['refs_removed'])}"
+                    if data["refs_removed"]
+                    else ""
+                )
+            )
+            _report_deletions(f"files only expired snapshots reached ({table})", data, dry_run)
+        _fail_on_undeleted(data)
 
     guarded(go, as_json=as_json)
 
@@ -741,17 +785,18 @@ def orphans(
         data = result.to_dict()
         if as_json:
             print(json.dumps(data, indent=2))
-            return
-        others = sum(data["skipped_other_tables"].values())
-        out.print(
-            f"{table}: listed {count(data['listed_files'], 'file')}; {count(data['orphan_files'], 'orphan')}; "
-            f"{data['skipped_too_young']} unreferenced but too young; "
-            f"{data['skipped_in_run_record']} kept for a compaction run record; "
-            f"{others} under other tables' locations; {len(data['refused'])} refused"
-        )
-        for path in data["orphans"]:
-            out.print(f"  {path}", markup=False, highlight=False)
-        _report_deletions(f"orphan files ({table})", data, dry_run)
+        else:
+            others = sum(data["skipped_other_tables"].values())
+            out.print(
+                f"{table}: listed {count(data['listed_files'], 'file')}; {count(data['orphan_files'], 'orphan')}; "
+                f"{data['skipped_too_young']} unreferenced but too young; "
+                f"{data['skipped_in_run_record']} kept for a compaction run record; "
+                f"{others} under other tables' locations; {len(data['refused'])} refused"
+            )
+            for path in data["orphans"]:
+                out.print(f"  {path}", markup=False, highlight=False)
+            _report_deletions(f"orphan files ({table})", data, dry_run)
+        _fail_on_undeleted(data)
 
     guarded(go, as_json=as_json)
 
@@ -923,26 +968,42 @@ def jobs_validate(
         ),
     ] = None,
     config: ConfigFileOpt = None,
+    connect: Annotated[
+        bool,
+        typer.Option(
+            "--connect",
+            help="Also load every catalog the job files name and resolve each job's tables: "
+            "an unreachable catalog, a named table that does not exist and a glob that matches "
+            "no table are errors (one line each).",
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Check job files without starting the daemon; the first problem is reported as FILE:LINE.
 
+    Offline by default: no catalog is contacted. With --connect, each job's tables are resolved
+    in its catalog and listed.
+
     Example: compactor jobs validate jobs/*.toml
+
+    Example: compactor jobs validate --connect --config /etc/compactor/compactor.toml
     """
 
     def go() -> None:
-        from compactor.daemon.jobfiles import load_job
+        from compactor.daemon.jobfiles import load_job, resolve_jobs
 
         paths = [
             found
             for path in files or []
             for found in (sorted(path.glob("*.toml")) if path.is_dir() else [path])
         ]
+        default_catalog = None
         if files:
             jobs = [load_job(path) for path in paths]
             _check_catalogs(jobs, None)
         else:
-            jobs = _load_daemon_setup(config)[1]
+            settings, jobs = _load_daemon_setup(config)
+            default_catalog = settings.section.catalog
         summary = [
             {
                 "file": str(job.path),
@@ -954,30 +1015,53 @@ def jobs_validate(
             }
             for job in jobs
         ]
-        if as_json:
-            print(json.dumps({"valid": True, "jobs": summary}, indent=2))
-            return
+        resolved = resolve_jobs(jobs, default_catalog) if connect else []
         for job in summary:
-            actions = "; ".join(f"{name} {when}" for name, when in job["actions"].items())
-            excluded = f" except {', '.join(job['exclude'])}" if job["exclude"] else ""
-            out.print(
-                f"{job['file']}: ok: {', '.join(job['tables'])}{excluded}: {actions}",
-                markup=False,
-                highlight=False,
-            )
+            job["resolved"] = None  # without --connect
+        for job, resolution in zip(summary, resolved, strict=False):
+            job["resolved"] = {"catalog": resolution.catalog, "tables": resolution.tables}
+        problems = [redact(problem) for r in resolved for problem in r.problems]
+        if as_json:
+            document = {
+                "valid": not problems,
+                "jobs": summary,
+                "errors": problems,
+                "exit_code": EXIT_USAGE if problems else 0,
+            }
+            print(json.dumps(document, indent=2))
+        else:
+            failed = {str(r.job.path) for r in resolved if r.problems}
+            for job in summary:
+                if job["file"] in failed:
+                    continue
+                actions = "; ".join(f"{name} {when}" for name, when in job["actions"].items())
+                excluded = f" except {', '.join(job['exclude'])}" if job["exclude"] else ""
+                lines = [f"{job['file']}: ok: {', '.join(job['tables'])}{excluded}: {actions}"]
+                if job["resolved"] is not None:
+                    tables = job["resolved"]["tables"]
+                    lines.append(
+                        f"{job['file']}: {count(len(tables), 'table')} ({', '.join(tables)})"
+                    )
+                for line in lines:
+                    out.print(line, markup=False, highlight=False)
+        for problem in problems:
+            err.print(f"error: {problem}", markup=False, highlight=False)
+        if problems:
+            raise typer.Exit(EXIT_USAGE)
 
     guarded(go, as_json=as_json)
 
 
-def _when(at: float | None) -> str:
+def _when(at_ms: int | None) -> str:
     from compactor.durations import format_time
 
-    return format_time(int(at * 1000)) if at else "-"
+    return format_time(at_ms) if at_ms else "-"
 
 
 @app.command()
 def status(config: ConfigFileOpt = None, as_json: JsonOpt = False) -> None:
-    """Show what the daemon knows: per-table fragmentation, last runs, next planned runs.
+    """Show what the daemon knows: per-table fragmentation, each job's last tick (failures in a
+    row, last success, last error), last runs, next planned runs.
 
     Reads the daemon's state file, so it works while the daemon runs (or after it stopped).
     """
@@ -1018,20 +1102,42 @@ def status(config: ConfigFileOpt = None, as_json: JsonOpt = False) -> None:
             tables.add_row(
                 t["table"],
                 t["job"],
-                "-" if t["mergeable_small_files"] is None else str(t["mergeable_small_files"]),
+                "-" if t["small_files"] is None else str(t["small_files"]),
                 str(t["delete_files"]),
                 str(t["data_files"]),
                 str(t["score"]),
                 "yes" if t["due"] else "no",
-                f"{last['outcome']} {_when(last['ended_at'])}" if last else "-",
-                _when(t["next_compaction_at"]),
+                f"{last['outcome']} {_when(last['ended_at_ms'])}" if last else "-",
+                _when(t["next_compaction_at_ms"]),
             )
         out.print(tables)
+        ticks = RichTable(title="jobs")
+        for column in (
+            "job",
+            "action",
+            "last tick",
+            "outcome",
+            "failed in a row",
+            "last success",
+            "last error",
+        ):
+            ticks.add_column(column, justify="right" if column == "failed in a row" else "left")
+        for j in data["jobs"]:
+            ticks.add_row(
+                j["job"],
+                j["action"],
+                _when(j["last_tick_at_ms"]),
+                j["last_outcome"],
+                str(j["consecutive_failures"]),
+                _when(j["last_success_at_ms"]),
+                j["last_error"] or "",
+            )
+        out.print(ticks)
         schedules = RichTable(title="next ticks")
         for column in ("job", "action", "next run"):
             schedules.add_column(column)
         for s in data["schedules"]:
-            schedules.add_row(s["job"], s["action"], _when(s["next_run_at"]))
+            schedules.add_row(s["job"], s["action"], _when(s["next_run_at_ms"]))
         out.print(schedules)
         runs = RichTable(title="recent runs")
         for column in (
@@ -1049,7 +1155,7 @@ def status(config: ConfigFileOpt = None, as_json: JsonOpt = False) -> None:
             )
         for r in data["runs"]:
             runs.add_row(
-                _when(r["started_at"]),
+                _when(r["started_at_ms"]),
                 r["table_name"],
                 r["action"],
                 r["outcome"] or "running",
@@ -1059,6 +1165,14 @@ def status(config: ConfigFileOpt = None, as_json: JsonOpt = False) -> None:
                 r["error"] or "",
             )
         out.print(runs)
+        unreadable = RichTable(title="unreadable files (skipped by each table's last compaction)")
+        for column in ("table", "file", "reason"):
+            unreadable.add_column(column, overflow="fold")
+        for t in data["tables"]:
+            for f in (t["last_compaction"] or {}).get("skipped_files", []):
+                unreadable.add_row(t["table"], Text(f["path"]), Text(f["reason"]))  # no markup
+        if unreadable.row_count:
+            out.print(unreadable)
 
     guarded(go, as_json=as_json)
 

@@ -78,11 +78,11 @@ def _run_on_local_warehouse(
     as_json: bool,
 ) -> None:
     """Run a benchmark on a fresh local warehouse in ``workdir``; write its report to ``out``."""
-    from compactor.bench.progress import QuietSteps, RichSteps
+    from compactor.bench.progress import LogSteps, RichSteps
     from compactor.bench.report import build_report
     from compactor.bench.warehouse import open_warehouse
 
-    steps = RichSteps(err) if err.is_terminal else QuietSteps()
+    steps = RichSteps(err) if err.is_terminal else LogSteps(err)
     with _workdir(workdir) as directory, open_warehouse(directory) as wh:
         body = run(parameters, wh, directory, steps)
     _finish(build_report(kind, sys.argv, parameters.to_dict(), body), out, as_json)
@@ -160,7 +160,7 @@ def queries(
 
     def go() -> None:
         from compactor.bench.clustering import strategy_options
-        from compactor.bench.progress import QuietSteps, RichSteps
+        from compactor.bench.progress import LogSteps, RichSteps
         from compactor.bench.query_benchmark import QueriesParameters, run_queries_benchmark
         from compactor.bench.report import build_report
         from compactor.bench.tpcds import parse_query_numbers
@@ -190,7 +190,7 @@ def queries(
             allow_small_target=allow_small_target,
             **strategy_options(strategy or "binpack", "store_sales"),
         )
-        steps = RichSteps(err) if err.is_terminal else QuietSteps()
+        steps = RichSteps(err) if err.is_terminal else LogSteps(err)
         with (
             _workdir(workdir) as directory,
             open_warehouse(

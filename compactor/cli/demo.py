@@ -89,8 +89,8 @@ def run_demo(
     result = compact(table, DEMO_TABLE, options).to_dict()
     console.print(
         f"committed replace snapshot {result['snapshot_id']}: {count(result['rewritten_files'], 'file')} -> "
-        f"{result['added_files']} in {result['duration_s']:.1f}s "
-        f"({result['rewritten_bytes'] / 2**20 / max(result['duration_s'], 1e-9):.0f} MiB/s)"
+        f"{result['added_files']} in {result['duration_ms'] / 1000:.1f}s "
+        f"({result['rewritten_bytes'] / 2**20 / max(result['duration_ms'] / 1000, 1e-3):.0f} MiB/s)"
     )
     table = catalog.load_table(DEMO_TABLE)
     after = table_health(table, DEMO_TABLE, options.target_file_size)

@@ -32,18 +32,18 @@ class Fragmentation:
     source: str  # SUMMARY or MANIFESTS
     manifests_read: int
     # None when scored from the summary alone:
-    small_files: int | None = None
+    small_files: int | None = None  # files a compaction would rewrite, as in `compactor inspect`
     small_bytes: int | None = None
-    mergeable_small_files: int | None = None  # small files in partitions a rewrite would shrink
-    mergeable_small_bytes: int | None = None
+    files_under_target: int | None = None  # every file under 75% of the target
+    bytes_under_target: int | None = None
     partitions: int | None = None
     worst_partition: str | None = None
-    worst_partition_small_files: int | None = None
+    worst_partition_files_under_target: int | None = None
 
     @property
     def score(self) -> int:
         """Files a compaction would take off every query's plan: higher is worse."""
-        return (self.mergeable_small_files or 0) + self.delete_files
+        return (self.small_files or 0) + self.delete_files
 
     def to_dict(self) -> dict[str, object]:
         return {**asdict(self), "score": self.score}
@@ -52,12 +52,12 @@ class Fragmentation:
 def due_reasons(fragmentation: Fragmentation, section: CompactAction) -> list[str]:
     """The thresholds of ``section`` the table crosses; empty when it needs no compaction."""
     reasons = []
-    mergeable = fragmentation.mergeable_small_files or 0
-    if mergeable >= section.min_small_files:
-        reasons.append(f"{mergeable} small files >= min_small_files {section.min_small_files}")
+    small_files = fragmentation.small_files or 0
+    if small_files >= section.min_small_files:
+        reasons.append(f"{small_files} small files >= min_small_files {section.min_small_files}")
     if section.min_small_bytes is not None:
         limit = parse_size(section.min_small_bytes)
-        small_bytes = fragmentation.mergeable_small_bytes or 0
+        small_bytes = fragmentation.small_bytes or 0
         if small_bytes >= limit:
             reasons.append(
                 f"{format_size(small_bytes)} in small files >= min_small_bytes {format_size(limit)}"
@@ -113,8 +113,9 @@ class FragmentationScanner:
         else:
             cache = self._caches.setdefault(identifier, ManifestCache())
             read_before = cache.manifests_read
-            health = table_health(table, identifier, target_file_size, cache)
-            mergeable, mergeable_bytes = health.mergeable_small_files(section.min_input_files)
+            health = table_health(
+                table, identifier, target_file_size, section.min_input_files, cache
+            )
             worst = health.worst_partitions(1)
             found = Fragmentation(
                 identifier,
@@ -126,11 +127,11 @@ class FragmentationScanner:
                 manifests_read=cache.manifests_read - read_before,
                 small_files=health.small_files,
                 small_bytes=health.small_bytes,
-                mergeable_small_files=mergeable,
-                mergeable_small_bytes=mergeable_bytes,
+                files_under_target=health.files_under_target,
+                bytes_under_target=health.bytes_under_target,
                 partitions=len(health.partitions),
                 worst_partition=worst[0].partition if worst else None,
-                worst_partition_small_files=worst[0].small_files if worst else None,
+                worst_partition_files_under_target=worst[0].files_under_target if worst else None,
             )
         self._last[identifier] = (key, found)
         return found

@@ -35,7 +35,8 @@ CREATE TABLE IF NOT EXISTS runs (
     output_bytes INTEGER NOT NULL DEFAULT 0,
     snapshot_ids TEXT NOT NULL DEFAULT '[]',
     conflicts INTEGER NOT NULL DEFAULT 0,
-    error TEXT
+    error TEXT,
+    skipped_files TEXT NOT NULL DEFAULT '[]'
 );
 CREATE INDEX IF NOT EXISTS runs_by_table ON runs (table_name, action, id);
 CREATE TABLE IF NOT EXISTS tables (
@@ -49,6 +50,15 @@ CREATE TABLE IF NOT EXISTS schedules (
     job TEXT NOT NULL,
     action TEXT NOT NULL,
     next_run_at REAL,
+    PRIMARY KEY (job, action)
+);
+CREATE TABLE IF NOT EXISTS ticks (
+    job TEXT NOT NULL,
+    action TEXT NOT NULL,
+    ticked_at REAL NOT NULL,
+    consecutive_failures INTEGER NOT NULL,
+    last_success_at REAL,
+    last_error TEXT,
     PRIMARY KEY (job, action)
 );
 """
@@ -71,6 +81,8 @@ class RunRow:
     snapshot_ids: list[int] = field(default_factory=list)
     conflicts: int = 0
     error: str | None = None
+    # Unreadable files whose groups a compaction skipped: {"group_id", "path", "reason"} each.
+    skipped_files: list[dict[str, Any]] = field(default_factory=list)
     id: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -89,6 +101,11 @@ class History:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA busy_timeout=10000")
             self._db.executescript(SCHEMA)
+            columns = {row["name"] for row in self._db.execute("PRAGMA table_info(runs)")}
+            if "skipped_files" not in columns:  # a state file written by an earlier version
+                self._db.execute(
+                    "ALTER TABLE runs ADD COLUMN skipped_files TEXT NOT NULL DEFAULT '[]'"
+                )
         except (OSError, sqlite3.Error) as exc:
             raise ConfigError(f"state file {path}: {exc}") from None
         self._lock = threading.Lock()
@@ -131,8 +148,8 @@ class History:
         with self._tx() as db:
             db.execute(
                 "UPDATE runs SET ended_at = ?, outcome = ?, input_files = ?, input_bytes = ?, "
-                "output_files = ?, output_bytes = ?, snapshot_ids = ?, conflicts = ?, error = ? "
-                "WHERE id = ?",
+                "output_files = ?, output_bytes = ?, snapshot_ids = ?, conflicts = ?, error = ?, "
+                "skipped_files = ? WHERE id = ?",
                 (
                     row.ended_at,
                     row.outcome,
@@ -143,6 +160,7 @@ class History:
                     json.dumps(row.snapshot_ids),
                     row.conflicts,
                     redact(row.error) if row.error else row.error,
+                    redact(json.dumps(row.skipped_files)),
                     row.id,
                 ),
             )
@@ -206,6 +224,41 @@ class History:
             rows = self._db.execute("SELECT * FROM schedules ORDER BY job, action").fetchall()
         return {(row["job"], row["action"]): row["next_run_at"] for row in rows}
 
+    def record_tick(self, job: str, action: str, now: float, error: str | None) -> int:
+        """Record a tick of ``job``'s ``action`` (failed when ``error`` is given); the ticks
+        failed in a row since, 0 after a success."""
+        with self._tx() as db:
+            before = db.execute(
+                "SELECT consecutive_failures, last_success_at FROM ticks WHERE job = ? AND action = ?",
+                (job, action),
+            ).fetchone()
+            if error is None:
+                failures, last_success = 0, now
+            else:
+                failures = (before["consecutive_failures"] if before else 0) + 1
+                last_success = before["last_success_at"] if before else None
+            db.execute(
+                "INSERT OR REPLACE INTO ticks VALUES (?, ?, ?, ?, ?, ?)",
+                (job, action, now, failures, last_success, redact(error) if error else None),
+            )
+        return failures
+
+    def forget_ticks(self, keep: set[tuple[str, str]]) -> None:
+        """Drop the tick records of (job, action) pairs no longer configured."""
+        with self._tx() as db:
+            for row in db.execute("SELECT job, action FROM ticks").fetchall():
+                if (row["job"], row["action"]) not in keep:
+                    db.execute(
+                        "DELETE FROM ticks WHERE job = ? AND action = ?",
+                        (row["job"], row["action"]),
+                    )
+
+    def ticks(self) -> list[dict[str, Any]]:
+        """The last tick of every (job, action): when, failures in a row, last success, error."""
+        with self._lock:
+            rows = self._db.execute("SELECT * FROM ticks ORDER BY job, action").fetchall()
+        return [dict(row) for row in rows]
+
 
 def _run(row: sqlite3.Row) -> RunRow:
     return RunRow(
@@ -222,5 +275,6 @@ def _run(row: sqlite3.Row) -> RunRow:
         snapshot_ids=json.loads(row["snapshot_ids"]),
         conflicts=row["conflicts"],
         error=row["error"],
+        skipped_files=json.loads(row["skipped_files"]),
         id=row["id"],
     )

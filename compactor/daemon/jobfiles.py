@@ -19,6 +19,8 @@ A job file is TOML (see the examples in ``jobs/``)::
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Collection
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -34,10 +36,13 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import NoSuchNamespaceError
 
 from compactor.daemon.config_files import load_toml, validate
 from compactor.durations import duration_ms, format_duration, parse_duration_ms
-from compactor.errors import ConfigError, UsageError
+from compactor.errors import ConfigError, UsageError, first_line
+from compactor.iceberg.catalogs import all_namespaces, open_catalog
 from compactor.options import (
     MIN_ORPHAN_AGE_MS,
     CompactOptions,
@@ -234,6 +239,81 @@ class Job:
                 return None
             found.add(namespace)
         return found
+
+    def missing_tables(self, listed: Collection[str]) -> list[str]:
+        """The exact table names of ``tables`` that ``listed`` lacks."""
+        return [p for p in self.spec.tables if not GLOB_CHARS & set(p) and p not in listed]
+
+    def empty_globs(self, listed: Collection[str]) -> list[str]:
+        """The globs of ``tables`` that match no table of ``listed`` in scope."""
+        in_scope = [t for t in listed if self.matches(t)]
+        return [
+            p
+            for p in self.spec.tables
+            if GLOB_CHARS & set(p) and not any(fnmatch.fnmatchcase(t, p) for t in in_scope)
+        ]
+
+
+def listed_tables(catalog: Catalog, job: Job) -> list[str]:
+    """Every table of the namespaces ``job``'s patterns reach (all of them when a namespace is
+    a glob), listed now: new tables included, scope not yet applied."""
+    names = job.namespaces()
+    if names is None:
+        names = {".".join(ns) for ns in all_namespaces(catalog)}
+    tables = set()
+    for namespace in sorted(names):
+        try:
+            listed = catalog.list_tables(namespace)
+        except NoSuchNamespaceError:
+            continue
+        tables.update(".".join(identifier) for identifier in listed)
+    return sorted(tables)
+
+
+@dataclass
+class Resolution:
+    """What a job's ``tables`` resolve to in its catalog, and every problem (one line each)."""
+
+    job: Job
+    catalog: str | None
+    tables: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+def resolve_jobs(jobs: list[Job], default_catalog: str | None) -> list[Resolution]:
+    """Load each job's catalog (once per catalog) and resolve its ``tables`` against it: a
+    catalog that cannot be loaded or listed, a named table that does not exist and a glob that
+    matches no table are problems."""
+    catalogs: dict[str | None, Catalog | str] = {}
+    resolved = []
+    for job in jobs:
+        name = job.spec.catalog or default_catalog
+        if name not in catalogs:
+            try:
+                catalogs[name] = open_catalog(name)
+            except Exception as exc:
+                catalogs[name] = first_line(exc)
+        catalog = catalogs[name]
+        if isinstance(catalog, str):
+            resolved.append(Resolution(job, name, problems=[f"{job.path}: {catalog}"]))
+            continue
+        resolution = Resolution(job, catalog.name)
+        try:
+            listed = listed_tables(catalog, job)
+        except Exception as exc:
+            resolution.problems.append(f"{job.path}: catalog {catalog.name!r}: {first_line(exc)}")
+        else:
+            resolution.tables = [t for t in listed if job.matches(t)]
+            resolution.problems.extend(
+                f"{job.path}: table {t} does not exist in catalog {catalog.name!r}"
+                for t in job.missing_tables(listed)
+            )
+            resolution.problems.extend(
+                f"{job.path}: tables {p!r} matches no table in catalog {catalog.name!r}"
+                for p in job.empty_globs(listed)
+            )
+        resolved.append(resolution)
+    return resolved
 
 
 def load_job(path: Path) -> Job:

@@ -96,6 +96,19 @@ class DaemonMetrics:
         self.scan_errors = Counter(
             "compactor_scan_errors", "Tables that could not be scored.", registry=r
         )
+        self.tick_failures = Counter(
+            "compactor_job_tick_failures",
+            "Failed ticks by job and action: catalog unreachable, a named table missing, or a "
+            "table that could not be scored.",
+            ["job", "action"],
+            registry=r,
+        )
+        self.consecutive_tick_failures = Gauge(
+            "compactor_job_consecutive_tick_failures",
+            "Ticks failed in a row by job and action; 0 after a tick that succeeded.",
+            ["job", "action"],
+            registry=r,
+        )
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
@@ -109,9 +122,9 @@ class _Handler(BaseHTTPRequestHandler):
         if path == "/metrics":
             self._send(200, CONTENT_TYPE_LATEST, self.server.metrics.exposition())
         elif path == "/healthz":
-            healthy, details = self.server.health()
-            body = json.dumps({"status": "ok" if healthy else "draining", **details}).encode()
-            self._send(200 if healthy else 503, "application/json", body)
+            status, details = self.server.health()
+            body = json.dumps({"status": status, **details}).encode()
+            self._send(200 if status == "ok" else 503, "application/json", body)
         else:
             self._send(404, "text/plain; charset=utf-8", b"not found: try /metrics or /healthz\n")
 
@@ -127,7 +140,8 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class MetricsServer(ThreadingHTTPServer):
-    """``/metrics`` in Prometheus' text format; ``/healthz``: 200 while running, 503 draining."""
+    """``/metrics`` in Prometheus' text format; ``/healthz``: 200 ``ok`` while running, 503
+    ``degraded`` (some job keeps failing) or ``draining``."""
 
     daemon_threads = True
 
@@ -135,7 +149,7 @@ class MetricsServer(ThreadingHTTPServer):
         self,
         address: tuple[str, int],
         metrics: DaemonMetrics,
-        health: Callable[[], tuple[bool, dict[str, Any]]],
+        health: Callable[[], tuple[str, dict[str, Any]]],
     ) -> None:
         if ":" in address[0]:
             self.address_family = socket.AF_INET6

@@ -21,7 +21,6 @@ from typing import Any
 from apscheduler.executors.pool import ThreadPoolExecutor as TickExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 from pyiceberg.catalog import Catalog
-from pyiceberg.exceptions import NoSuchNamespaceError
 from pyiceberg.table import Table
 
 from compactor.commit.inflight import LeaseHeldError
@@ -35,6 +34,7 @@ from compactor.daemon.jobfiles import (
     Job,
     OrphansAction,
     RewriteDeletesAction,
+    listed_tables,
 )
 from compactor.daemon.metrics import DaemonMetrics, MetricsServer
 from compactor.daemon.scheduling import (
@@ -55,7 +55,8 @@ from compactor.errors import (
     UnsupportedTableError,
     first_line,
 )
-from compactor.iceberg.catalogs import all_namespaces, open_catalog
+from compactor.execute.progress_log import ProgressLog, progress_interval
+from compactor.iceberg.catalogs import open_catalog
 from compactor.maintain.delete_rewrite import rewrite_position_deletes
 from compactor.maintain.expire import expire_snapshots, retention_policy
 from compactor.maintain.orphans import orphan_cutoff, remove_orphans
@@ -68,21 +69,12 @@ log = logging.getLogger("compactor.daemon.service")
 RESTORE_RUNS = 32
 # Ticks (scans) running at once; runs have their own pool.
 TICK_THREADS = 2
+# /healthz answers "degraded" (503) once a job's action has failed this many ticks in a row.
+DEGRADED_AFTER_FAILED_TICKS = 3
 
 
-def tables_in_scope(catalog: Catalog, job: Job) -> list[str]:
-    """Tables of ``catalog`` that ``job`` names or globs, listed now (new ones included)."""
-    names = job.namespaces()
-    if names is None:
-        names = {".".join(ns) for ns in all_namespaces(catalog)}
-    tables = set()
-    for namespace in sorted(names):
-        try:
-            listed = catalog.list_tables(namespace)
-        except NoSuchNamespaceError:
-            continue
-        tables.update(".".join(identifier) for identifier in listed)
-    return sorted(t for t in tables if job.matches(t))
+def _log_progress(message: str, fields: dict[str, Any]) -> None:
+    log.info(message, extra={"event": "run_progress", **fields})
 
 
 class Daemon:
@@ -100,6 +92,7 @@ class Daemon:
         self.jobs = jobs
         self.clock = clock
         self.stopping = threading.Event()
+        self.progress_interval_s = progress_interval()
         self.history = History(config.state_path)
         self.metrics = DaemonMetrics()
         self.policy = RunPolicy(
@@ -113,6 +106,8 @@ class Daemon:
         self.server: MetricsServer | None = None
         self._lock = threading.Lock()
         self._catalogs: dict[str | None, Catalog] = {}
+        # (job, action) -> ticks failed in a row and the last error, as in the state file.
+        self._tick_failures: dict[tuple[str, str], tuple[int, str | None]] = {}
         self._runs = ThreadPoolExecutor(section.max_concurrent_runs, thread_name_prefix="run")
         self._scheduler = BackgroundScheduler(
             timezone=UTC,
@@ -134,6 +129,7 @@ class Daemon:
                 for key, runs in recent.items()
             }
         )
+        self._restore_ticks()
         listen = self.config.listen
         if listen:
             self.server = MetricsServer(listen, self.metrics, self._health)
@@ -179,10 +175,46 @@ class Daemon:
         self.history.close()
         log.info("daemon stopped", extra={"event": "daemon_stopped"})
 
-    def _health(self) -> tuple[bool, dict[str, Any]]:
+    def _health(self) -> tuple[str, dict[str, Any]]:
+        """``draining``, ``degraded`` (some job failed its last DEGRADED_AFTER_FAILED_TICKS
+        ticks) or ``ok``, and details."""
         with self._lock:
-            details = {"running": len(self.policy.running), "queued": len(self.policy.queued)}
-        return not self.stopping.is_set(), details
+            details: dict[str, Any] = {
+                "running": len(self.policy.running),
+                "queued": len(self.policy.queued),
+            }
+            failing = [
+                {"job": job, "action": action, "consecutive_failures": n, "error": error}
+                for (job, action), (n, error) in sorted(self._tick_failures.items())
+                if n >= DEGRADED_AFTER_FAILED_TICKS
+            ]
+        if self.stopping.is_set():
+            return "draining", details
+        if failing:
+            return "degraded", {**details, "failing": failing}
+        return "ok", details
+
+    def _restore_ticks(self) -> None:
+        """Carry on the failure streaks of the configured (job, action) pairs; forget others."""
+        keys = {(job.name, action) for job in self.jobs for action in job.spec.actions()}
+        self.history.forget_ticks(keys)
+        restored = {(t["job"], t["action"]): t for t in self.history.ticks()}
+        for key in keys:
+            self.metrics.tick_failures.labels(*key)  # exported as 0 from the start
+            tick = restored.get(key)
+            failures = tick["consecutive_failures"] if tick else 0
+            self._tick_failures[key] = (failures, tick["last_error"] if tick else None)
+            self.metrics.consecutive_tick_failures.labels(*key).set(failures)
+
+    def _tick_done(self, job: Job, action: str, error: str | None) -> int:
+        """Record the tick's outcome (state file, streak, metrics); the ticks failed in a row."""
+        failures = self.history.record_tick(job.name, action, self.clock(), error)
+        with self._lock:
+            self._tick_failures[(job.name, action)] = (failures, error)
+        self.metrics.consecutive_tick_failures.labels(job.name, action).set(failures)
+        if error is not None:
+            self.metrics.tick_failures.labels(job.name, action).inc()
+        return failures
 
     # --- ticks: decide what to queue -----------------------------------------------------------
 
@@ -193,27 +225,46 @@ class Daemon:
             return self._catalogs[name]
 
     def _tick(self, job: Job, action: str) -> None:
+        """Queue the tables of ``job`` due for ``action``. The tick fails when the catalog cannot
+        be listed, a table the job names does not exist, or a table cannot be scored."""
         if self.stopping.is_set():
             return
         try:
             catalog = self._catalog(job.spec.catalog or self.config.section.catalog)
-            tables = tables_in_scope(catalog, job)
+            listed = listed_tables(catalog, job)
         except Exception as exc:
+            error = first_line(exc)
+            failures = self._tick_done(job, action, error)
             log.error(
                 "cannot list tables",
                 extra={
                     "event": "tick_failed",
                     "job": job.name,
                     "action": action,
-                    "error": first_line(exc),
+                    "error": error,
+                    "consecutive_failures": failures,
                 },
             )
             return
+        tables = [t for t in listed if job.matches(t)]
+        errors = [
+            f"table {t} does not exist in catalog {catalog.name!r}"
+            for t in job.missing_tables(listed)
+        ]
         offered = []
         for identifier in tables:
             if self.stopping.is_set():
                 return
-            request = self._request(catalog, job, action, identifier)
+            try:
+                request = self._request(catalog, job, action, identifier)
+            except Exception as exc:
+                self.metrics.scan_errors.inc()
+                log.warning(
+                    "cannot score table",
+                    extra={"event": "scan_failed", "table": identifier, "error": first_line(exc)},
+                )
+                errors.append(f"table {identifier}: {first_line(exc)}")
+                continue
             if request is None:
                 continue
             with self._lock:
@@ -230,36 +281,35 @@ class Daemon:
                         "reason": refused,
                     },
                 )
-        log.info(
+        error = errors[0] if errors else None
+        failures = self._tick_done(job, action, error)
+        log.log(
+            logging.ERROR if errors else logging.INFO,
             "tick",
             extra={
-                "event": "tick",
+                "event": "tick_failed" if errors else "tick",
                 "job": job.name,
                 "action": action,
                 "tables": len(tables),
                 "queued": offered,
+                "error": error,
+                "consecutive_failures": failures,
             },
         )
         self._dispatch()
         self._record_schedules()
 
     def _request(self, catalog: Catalog, job: Job, action: str, identifier: str) -> Request | None:
+        """The run to offer for ``identifier``, None when it is not due; raises when the table
+        cannot be loaded or scored."""
         section = job.spec.actions()[action]
         if not isinstance(section, CompactAction):
             return Request(identifier, action, job.name, payload=(catalog, section, None))
-        try:
-            table = catalog.load_table(identifier)
-            options = resolve_options(identifier, table.metadata.properties, **section.given())
-            for warning in options.warnings:
-                log.warning(warning, extra={"event": "setting_replaced", "table": identifier})
-            reasons, score = self._score(table, identifier, job.name, options, section)
-        except Exception as exc:
-            self.metrics.scan_errors.inc()
-            log.warning(
-                "cannot score table",
-                extra={"event": "scan_failed", "table": identifier, "error": first_line(exc)},
-            )
-            return None
+        table = catalog.load_table(identifier)
+        options = resolve_options(identifier, table.metadata.properties, **section.given())
+        for warning in options.warnings:
+            log.warning(warning, extra={"event": "setting_replaced", "table": identifier})
+        reasons, score = self._score(table, identifier, job.name, options, section)
         if not reasons:
             return None
         return Request(
@@ -289,8 +339,8 @@ class Daemon:
             {**fragmentation.to_dict(), "reasons": reasons},
             bool(reasons),
         )
-        self.metrics.small_files.labels(identifier).set(fragmentation.mergeable_small_files or 0)
-        self.metrics.small_bytes.labels(identifier).set(fragmentation.mergeable_small_bytes or 0)
+        self.metrics.small_files.labels(identifier).set(fragmentation.small_files or 0)
+        self.metrics.small_bytes.labels(identifier).set(fragmentation.small_bytes or 0)
         self.metrics.data_files.labels(identifier).set(fragmentation.data_files)
         self.metrics.delete_files.labels(identifier).set(fragmentation.delete_files)
         return reasons, fragmentation.score
@@ -430,12 +480,14 @@ class Daemon:
         row: RunRow,
     ) -> str:
         """Compact the table; the outcome."""
-        result = compact(table, request.table, options, stop=self.stopping)
+        progress = ProgressLog(request.table, _log_progress, self.progress_interval_s)
+        result = compact(table, request.table, options, progress=progress, stop=self.stopping)
         data = result.to_dict()
         row.input_files, row.input_bytes = data["rewritten_files"], data["rewritten_bytes"]
         row.output_files, row.output_bytes = data["added_files"], data["added_bytes"]
         row.snapshot_ids = data["snapshot_ids"]
         row.conflicts = sum(1 for f in result.failures if f.kind == "conflict")
+        row.skipped_files = data["skipped_files"]
         errors = [f for f in result.failures if f.kind == "error"]
         if errors:
             row.error = f"group {errors[0].group_id}: {errors[0].reason}"

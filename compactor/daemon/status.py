@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from compactor.daemon.config import DaemonConfig
-from compactor.daemon.history import History
+from compactor.daemon.history import History, RunRow
 from compactor.daemon.jobfiles import CompactAction, Job
 from compactor.daemon.scheduling import Request, RunPolicy
 from compactor.durations import parse_duration_ms
@@ -14,13 +14,15 @@ LAST_RUNS = 20
 
 
 def daemon_status(config: DaemonConfig, jobs: list[Job], now: float) -> dict[str, Any]:
-    """Per-table fragmentation and last run, next planned runs, and the most recent runs."""
+    """Per-table fragmentation and last run, each job's last tick, next planned runs, and the
+    most recent runs."""
     history = History(config.state_path)
     try:
         scans = history.scans()
         runs = history.runs(limit=LAST_RUNS)
         schedules = history.schedules()
         recent = history.recent_runs(1_000)
+        ticks = history.ticks()
     finally:
         history.close()
     section = config.section
@@ -50,20 +52,49 @@ def daemon_status(config: DaemonConfig, jobs: list[Job], now: float) -> dict[str
             scan["table"], "compact", scan["job"], cooldown_s=cooldowns.get(scan["job"], 0)
         )
         eligible = policy.not_before(request)
+        scanned_at = scan.pop("scanned_at")
+        next_at = max(tick, eligible) if tick is not None else None
         tables.append(
             {
                 **scan,
-                "last_compaction": last.to_dict() if last else None,
-                "eligible_at": eligible or None,
-                "next_compaction_at": max(tick, eligible) if tick is not None else None,
+                "scanned_at_ms": epoch_ms(scanned_at),
+                "last_compaction": _run(last) if last else None,
+                "eligible_at_ms": epoch_ms(eligible or None),
+                "next_compaction_at_ms": epoch_ms(next_at),
             }
         )
     return {
         "state_file": str(config.state_path),
         "tables": tables,
+        "jobs": [_job_tick(tick) for tick in ticks],
         "schedules": [
-            {"job": job, "action": action, "next_run_at": at}
+            {"job": job, "action": action, "next_run_at_ms": epoch_ms(at)}
             for (job, action), at in sorted(schedules.items())
         ],
-        "runs": [run.to_dict() for run in runs],
+        "runs": [_run(run) for run in runs],
+    }
+
+
+def epoch_ms(at: float | None) -> int | None:
+    """A time in epoch seconds as integer epoch milliseconds, the unit of all ``--json`` times."""
+    return None if at is None else round(at * 1000)
+
+
+def _run(run: RunRow) -> dict[str, Any]:
+    data = run.to_dict()
+    started_at, ended_at = data.pop("started_at"), data.pop("ended_at")
+    return {**data, "started_at_ms": epoch_ms(started_at), "ended_at_ms": epoch_ms(ended_at)}
+
+
+def _job_tick(tick: dict[str, Any]) -> dict[str, Any]:
+    """The last tick of a job's action: ``ok`` or ``failed``, with the failure streak."""
+    failures = tick["consecutive_failures"]
+    return {
+        "job": tick["job"],
+        "action": tick["action"],
+        "last_tick_at_ms": epoch_ms(tick["ticked_at"]),
+        "last_outcome": "failed" if failures else "ok",
+        "consecutive_failures": failures,
+        "last_success_at_ms": epoch_ms(tick["last_success_at"]),
+        "last_error": tick["last_error"],
     }

@@ -92,11 +92,14 @@ def task_memory(task: RewriteTask, ceiling: int = MEMORY_CEILING) -> int:
 
 
 def _error_json(exc: BaseException) -> str:
+    args = [a for a in exc.args if isinstance(a, str)]
     return json.dumps(
         {
             "module": type(exc).__module__,
             "type": type(exc).__qualname__,
             "message": first_line(exc),
+            # What rebuilds a compactor error as it was (an UnreadableFileError's path and reason).
+            "args": args if args and len(args) == len(exc.args) else [first_line(exc)],
             "traceback": "".join(traceback.format_exception(exc))[-8000:],
         }
     )
@@ -156,7 +159,8 @@ def run_on_worker(task_json: str) -> tuple[str, str, str, str]:
 
 
 def _error_from(task: RewriteTask, payload: str) -> BaseException:
-    """The exception a task reported: its compactor class again, else a CompactorError."""
+    """The exception a task reported: its compactor class again (from its arguments), else a
+    CompactorError."""
     data = json.loads(payload)
     log.debug("ray: group %d failed on the cluster:\n%s", task.task_id, data.get("traceback"))
     module, name, message = data["module"], data["type"], data["message"]
@@ -164,7 +168,7 @@ def _error_from(task: RewriteTask, payload: str) -> BaseException:
         try:
             cls = getattr(importlib.import_module(module), name)
             if isinstance(cls, type) and issubclass(cls, CompactorError):
-                return cls(message)
+                return cls(*data.get("args", [message]))
         except (ImportError, AttributeError, TypeError):
             pass
     return CompactorError(f"ray: group {task.task_id}: {name}: {message}")

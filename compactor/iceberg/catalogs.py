@@ -19,7 +19,14 @@ from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 from pyiceberg.table import Table
 from pyiceberg.utils.config import Config
 
-from compactor.errors import ConfigError, TableNotFoundError, UsageError, first_line
+from compactor.errors import (
+    CatalogUnreachableError,
+    ConfigError,
+    TableMetadataMissingError,
+    TableNotFoundError,
+    UsageError,
+    first_line,
+)
 from compactor.iceberg.pyiceberg_compat import with_s3_retries
 from compactor.redaction import register_secrets
 
@@ -92,7 +99,40 @@ def open_catalog(name: str | None) -> Catalog:
                 f"catalog {name!r}: needs the Python module {missing!r}, which is not "
                 f"installed ({how})"
             ) from exc
+        if _unreachable(exc):
+            raise CatalogUnreachableError(
+                f"catalog {name!r} is unreachable: {first_line(exc)}"
+            ) from exc
         raise ConfigError(f"catalog {name!r}: {first_line(exc)}") from exc
+
+
+# Exceptions (by class name, so that no optional driver is imported) meaning that the catalog's
+# server did not answer: requests and urllib3 (REST), SQLAlchemy (SQL), botocore (Glue).
+_UNREACHABLE = frozenset(
+    {
+        "ConnectionError",  # builtin, requests
+        "ConnectTimeout",
+        "ReadTimeout",
+        "TimeoutError",
+        "NewConnectionError",
+        "MaxRetryError",
+        "EndpointConnectionError",
+        "ConnectTimeoutError",
+        "ReadTimeoutError",
+        "OperationalError",  # SQLAlchemy: the database refused, timed out or cannot be opened
+    }
+)
+
+
+def _unreachable(exc: BaseException | None) -> bool:
+    """Whether ``exc``, or anything in its chain of causes, says the server did not answer."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if any(cls.__name__ in _UNREACHABLE for cls in type(exc).__mro__):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def _missing_module(exc: BaseException | None) -> str | None:
@@ -119,6 +159,11 @@ def open_table(catalog: Catalog, identifier: str) -> Table:
     parts = parse_identifier(identifier)
     try:
         return catalog.load_table(parts)
+    except FileNotFoundError as exc:
+        raise TableMetadataMissingError(
+            f"table {identifier}: its metadata file is missing from storage "
+            f"(catalog {catalog.name!r} points at it): {first_line(exc)}"
+        ) from None
     except NoSuchTableError:
         namespace = ".".join(parts[:-1])
         try:
@@ -136,6 +181,12 @@ def open_table(catalog: Catalog, identifier: str) -> Table:
         raise TableNotFoundError(
             f"table {identifier}: namespace {'.'.join(parts[:-1])!r} does not exist in catalog {catalog.name!r}"
         ) from None
+    except Exception as exc:
+        if _unreachable(exc):
+            raise CatalogUnreachableError(
+                f"table {identifier}: catalog {catalog.name!r} is unreachable: {first_line(exc)}"
+            ) from exc
+        raise
 
 
 def all_namespaces(catalog: Catalog) -> list[tuple[str, ...]]:

@@ -243,7 +243,7 @@ class DeleteRewriteResult:
             "skipped": dict(self.skipped),
             "recovered_files": len(self.recovered_files),
             "attempts": self.attempts,
-            "duration_s": round(self.duration_s, 3),
+            "duration_ms": round(self.duration_s * 1000),
         }
 
 

@@ -252,24 +252,40 @@ def _check_explicit(
         )
 
 
+# Paths listed in ``--json`` output at most; the counts beside them are always complete.
+MAX_LISTED_PATHS = 1000
+
+
 @dataclass
 class DeletionReport:
-    """Files deleted (or that would be, in a dry run) by kind, and what was refused."""
+    """Files deleted (or, in a dry run, that would be) by kind, and what was refused."""
 
+    dry_run: bool = False
     by_kind: dict[str, list[FileRef]] = field(default_factory=lambda: defaultdict(list))
     outside_location: list[str] = field(default_factory=list)
     other_tables: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
+        """What was deleted; in a dry run, what would be under the ``would_delete`` keys (and
+        nothing under the ``deleted`` ones). Paths listed: at most MAX_LISTED_PATHS."""
         kinds = {
             kind: {"files": len(refs), "bytes": sum(r.size or 0 for r in refs)}
             for kind, refs in sorted(self.by_kind.items())
         }
+        paths = sorted(r.location for refs in self.by_kind.values() for r in refs)
+        files = sum(k["files"] for k in kinds.values())
+        size = sum(k["bytes"] for k in kinds.values())
+        done = not self.dry_run
         return {
-            "deleted": kinds,
-            "files_deleted": sum(k["files"] for k in kinds.values()),
-            "bytes_deleted": sum(k["bytes"] for k in kinds.values()),
+            "deleted": kinds if done else {},
+            "files_deleted": files if done else 0,
+            "bytes_deleted": size if done else 0,
+            "deleted_paths": paths[:MAX_LISTED_PATHS] if done else [],
+            "would_delete": {} if done else kinds,
+            "would_delete_files": 0 if done else files,
+            "would_delete_bytes": 0 if done else size,
+            "would_delete_paths": [] if done else paths[:MAX_LISTED_PATHS],
             "refused_outside_table_location": len(self.outside_location),
             "refused_other_table_locations": len(self.other_tables),
             "failed": self.failed,
@@ -479,7 +495,7 @@ class ExpireResult:
             "removed_schema_ids": self.plan.remove_schema_ids,
             "snapshots_retained": len(self.plan.retain),
             **self.report.to_dict(),
-            "duration_s": round(self.duration_s, 3),
+            "duration_ms": round(self.duration_s * 1000),
         }
 
 
@@ -546,7 +562,7 @@ def expire_snapshots(
             )
         after = table_references(table)
         break
-    report = DeletionReport()
+    report = DeletionReport(dry_run)
     delete_unreachable(
         table, _unreachable(before, after), dry_run=dry_run, report=report, fences=fences
     )

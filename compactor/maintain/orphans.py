@@ -28,7 +28,7 @@ from compactor.commit.inflight import RECORD_SLOTS, read_record, recorded_files
 from compactor.durations import DAY_MS, format_duration, format_time, parse_cutoff
 from compactor.errors import UsageError
 from compactor.iceberg.references import FileRef, table_references
-from compactor.maintain.expire import DeletionReport, delete_unreachable
+from compactor.maintain.expire import MAX_LISTED_PATHS, DeletionReport, delete_unreachable
 from compactor.maintain.guards import (
     REMOVE_ORPHANS,
     check_gc_enabled,
@@ -186,12 +186,12 @@ class OrphanResult:
             "skipped_other_tables": dict(sorted(self.scan.other_tables.items())),
             "refused": self.scan.refused,
             **self.report.to_dict(),
-            "orphans": [ref.location for ref in self.scan.orphans] if self.dry_run else [],
+            "orphans": sorted(ref.location for ref in self.scan.orphans)[:MAX_LISTED_PATHS],
             "open_uploads": len(self.scan.open_uploads),
             "aborted_uploads": 0
             if self.dry_run
             else len(self.scan.open_uploads) - len(self.failed_uploads),
-            "duration_s": round(self.duration_s, 3),
+            "duration_ms": round(self.duration_s * 1000),
         }
 
 
@@ -246,7 +246,7 @@ def remove_orphans(
         )
     check_gc_enabled(table, identifier, REMOVE_ORPHANS)
     scan = find_orphans(table, cutoff_ms, catalog=catalog, root=root)
-    report = DeletionReport()
+    report = DeletionReport(dry_run)
     delete_unreachable(table, scan.orphans, dry_run=dry_run, report=report)
     failed_uploads = [] if dry_run else abort_uploads(table.io, scan.open_uploads)
     return OrphanResult(

@@ -10,7 +10,7 @@ from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestFi
 from pyiceberg.table import Table
 
 from compactor.iceberg.pyiceberg_compat import manifest_entries
-from compactor.options import MIN_FILE_SIZE_RATIO
+from compactor.options import DEFAULT_MIN_INPUT_FILES, MIN_FILE_SIZE_RATIO
 from compactor.planning.planner import is_unpartitioned
 
 DELETE_KINDS = ("position", "equality", "deletion_vector")
@@ -36,16 +36,23 @@ class PartitionHealth:
     partition: str
     data_files: int = 0
     data_bytes: int = 0
-    small_files: int = 0
-    small_bytes: int = 0
+    files_under_target: int = 0
+    bytes_under_target: int = 0
     records: int = 0
 
     def add(self, other: PartitionHealth) -> None:
         self.data_files += other.data_files
         self.data_bytes += other.data_bytes
-        self.small_files += other.small_files
-        self.small_bytes += other.small_bytes
+        self.files_under_target += other.files_under_target
+        self.bytes_under_target += other.bytes_under_target
         self.records += other.records
+
+    def small(self, min_input_files: int) -> tuple[int, int]:
+        """Files and bytes a compaction would rewrite here: the files under the small-file
+        threshold, when there are at least ``min_input_files`` (and two) of them to merge."""
+        if self.files_under_target >= max(min_input_files, 2):
+            return self.files_under_target, self.bytes_under_target
+        return 0, 0
 
 
 @dataclass
@@ -55,8 +62,8 @@ class FileCounts:
     data_files: int = 0
     data_bytes: int = 0
     records: int = 0
-    small_files: int = 0
-    small_bytes: int = 0
+    files_under_target: int = 0
+    bytes_under_target: int = 0
     position_delete_files: int = 0
     equality_delete_files: int = 0
     deletion_vectors: int = 0
@@ -67,8 +74,8 @@ class FileCounts:
         self.data_files += other.data_files
         self.data_bytes += other.data_bytes
         self.records += other.records
-        self.small_files += other.small_files
-        self.small_bytes += other.small_bytes
+        self.files_under_target += other.files_under_target
+        self.bytes_under_target += other.bytes_under_target
         self.position_delete_files += other.position_delete_files
         self.equality_delete_files += other.equality_delete_files
         self.deletion_vectors += other.deletion_vectors
@@ -83,6 +90,7 @@ class TableHealth(FileCounts):
     table: str = ""
     snapshot_id: int | None = None
     target_file_size: int = 0
+    min_input_files: int = DEFAULT_MIN_INPUT_FILES
     snapshots: int = 0
 
     @property
@@ -93,13 +101,20 @@ class TableHealth(FileCounts):
     def delete_files(self) -> int:
         return self.position_delete_files + self.equality_delete_files + self.deletion_vectors
 
-    def mergeable_small_files(self, min_input_files: int) -> tuple[int, int]:
-        """Files and bytes of small files in partitions holding ``min_input_files`` or more."""
-        parts = [p for p in self.partitions.values() if p.small_files >= max(min_input_files, 2)]
-        return sum(p.small_files for p in parts), sum(p.small_bytes for p in parts)
+    @property
+    def small_files(self) -> int:
+        """Files a compaction would rewrite now: see :meth:`PartitionHealth.small`."""
+        return sum(p.small(self.min_input_files)[0] for p in self.partitions.values())
+
+    @property
+    def small_bytes(self) -> int:
+        return sum(p.small(self.min_input_files)[1] for p in self.partitions.values())
 
     def worst_partitions(self, top: int) -> list[PartitionHealth]:
-        return sorted(self.partitions.values(), key=lambda p: (-p.small_files, p.partition))[:top]
+        ranked = sorted(
+            self.partitions.values(), key=lambda p: (-p.files_under_target, p.partition)
+        )
+        return ranked[:top]
 
     def to_dict(self, top: int = 10) -> dict[str, Any]:
         return {
@@ -107,18 +122,25 @@ class TableHealth(FileCounts):
             "snapshot_id": self.snapshot_id,
             "snapshots": self.snapshots,
             "target_file_size": self.target_file_size,
+            "min_input_files": self.min_input_files,
             "data_files": self.data_files,
             "data_bytes": self.data_bytes,
             "records": self.records,
             "average_file_size": round(self.average_file_size),
             "small_files": self.small_files,
             "small_bytes": self.small_bytes,
+            "files_under_target": self.files_under_target,
+            "bytes_under_target": self.bytes_under_target,
             "position_delete_files": self.position_delete_files,
             "equality_delete_files": self.equality_delete_files,
             "deletion_vectors": self.deletion_vectors,
             "partitions": len(self.partitions),
-            "worst_partitions": [vars(p) for p in self.worst_partitions(top)],
+            "worst_partitions": [self._partition(p) for p in self.worst_partitions(top)],
         }
+
+    def _partition(self, part: PartitionHealth) -> dict[str, Any]:
+        small_files, small_bytes = part.small(self.min_input_files)
+        return {**vars(part), "small_files": small_files, "small_bytes": small_bytes}
 
 
 class ManifestCache:
@@ -172,25 +194,32 @@ def _manifest_counts(table: Table, manifest: ManifestFile, small: int) -> FileCo
         part.data_bytes += size
         part.records += data_file.record_count
         if size < small:
-            counts.small_files += 1
-            counts.small_bytes += size
-            part.small_files += 1
-            part.small_bytes += size
+            counts.files_under_target += 1
+            counts.bytes_under_target += size
+            part.files_under_target += 1
+            part.bytes_under_target += size
     return counts
 
 
 def table_health(
-    table: Table, identifier: str, target_file_size: int, cache: ManifestCache | None = None
+    table: Table,
+    identifier: str,
+    target_file_size: int,
+    min_input_files: int = DEFAULT_MIN_INPUT_FILES,
+    cache: ManifestCache | None = None,
 ) -> TableHealth:
     """Summarise the current snapshot's files against the target, reading its manifests.
 
-    With ``cache``, manifests read by an earlier call are not read again.
+    Small files are those a compaction would rewrite: under 75% of the target, in partitions
+    holding ``min_input_files`` of them. With ``cache``, manifests read by an earlier call are
+    not read again.
     """
     snapshot = table.current_snapshot()
     health = TableHealth(
         table=identifier,
         snapshot_id=snapshot.snapshot_id if snapshot else None,
         target_file_size=target_file_size,
+        min_input_files=min_input_files,
         snapshots=len(table.metadata.snapshots),
     )
     if snapshot is None:

@@ -29,7 +29,7 @@ from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.manifest import FileFormat
 from pyiceberg.table.metadata import TableMetadata
 
-from compactor.errors import DataFileError, first_line
+from compactor.errors import file_error
 
 if TYPE_CHECKING:
     from compactor.planning.planner import TaskInput
@@ -126,7 +126,7 @@ class BulkRead:
             fragment = FORMAT.make_fragment(path, filesystem=io.fs_by_scheme(scheme, netloc))
             found = _signature(fragment.physical_schema)
         except Exception as exc:
-            raise DataFileError(f"data file {f.path}: {first_line(exc)}") from exc
+            raise file_error("data", f.path, exc) from exc
         return fragment if all(found.get(n) == s for n, s in self._wanted.items()) else None
 
     def items(self) -> Iterator[Item]:

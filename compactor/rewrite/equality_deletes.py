@@ -26,7 +26,7 @@ from pyiceberg.io import FileIO
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.schema import Schema
 
-from compactor.errors import DataFileError, first_line
+from compactor.errors import DataFileError, file_error
 
 if TYPE_CHECKING:
     from compactor.planning.planner import TaskInput
@@ -132,7 +132,7 @@ class EqualityDeleteApplier:
         except DataFileError:
             raise
         except Exception as exc:
-            raise DataFileError(f"delete file {path}: {first_line(exc)}") from exc
+            raise file_error("delete", path, exc) from exc
         return table.rename_columns([str(i) for i in ids])
 
     def _keys_for(self, ids: tuple[int, ...], types: tuple[pa.DataType, ...]) -> pa.Table:

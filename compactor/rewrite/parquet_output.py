@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -90,12 +91,15 @@ class RollingParquetWriter:
     # Compressed bytes on disk per in-memory byte, learnt from what has been written so far.
     _ratio: float = 0.0
     _counter: int = 0
+    # Parquet leaf columns the next file dictionary-encodes (see :func:`dictionary_columns`).
+    _dictionary: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._read_schema: Schema = read_schema(self.out.metadata)
         self._file_schema, self._arrow_schema = write_schema(self.out.metadata)
         self._properties = self.out.metadata.properties
         self._writer_kwargs = parquet_writer_kwargs(self._properties)
+        self._leaf_paths = parquet_leaf_paths(self._arrow_schema)
 
     def write(self, batch: pa.RecordBatch) -> None:
         """Buffer one batch; flush a row group when the buffer reaches its budget.
@@ -171,6 +175,7 @@ class RollingParquetWriter:
         self._buffer, raw = [], self._buffered_bytes
         self._buffered_bytes = 0
         if self._file is None:
+            self._dictionary = dictionary_columns(table, self._leaf_paths)
             self._open_file()
         assert self._file is not None
         before = self._written()
@@ -200,6 +205,7 @@ class RollingParquetWriter:
                 stream,
                 schema=self._arrow_schema,
                 store_decimal_as_integer=True,
+                use_dictionary=self._dictionary,
                 **self._writer_kwargs,
             )
         except Exception:
@@ -229,6 +235,65 @@ class RollingParquetWriter:
         )
         data_file.spec_id = self.out.spec_id
         self.data_files.append(data_file)
+
+
+def parquet_leaf_paths(schema: pa.Schema) -> dict[str, list[str]]:
+    """Top-level column name -> the dotted paths of its Parquet leaf columns."""
+    buffer = pa.BufferOutputStream()
+    pq.write_table(schema.empty_table(), buffer)
+    parquet = pq.ParquetFile(pa.BufferReader(buffer.getvalue())).schema
+    paths: dict[str, list[str]] = {name: [] for name in schema.names}
+    for i in range(len(parquet)):
+        path = parquet.column(i).path
+        paths[path.split(".", 1)[0]].append(path)
+    return paths
+
+
+def dictionary_columns(table: pa.Table, leaf_paths: dict[str, list[str]]) -> list[str]:
+    """The leaf columns of ``table``'s file worth dictionary-encoding, judged on its first rows.
+
+    pyarrow dictionary-encodes every column until the dictionary reaches its page limit; on a
+    high-cardinality column (ids, timestamps, URLs) the dictionary costs more than it saves,
+    and merging many small files makes it larger still. Like parquet-java (Iceberg's reference
+    writer), a primitive column is dictionary-encoded only when its distinct values plus the
+    indices take fewer bytes than its values written plain; nested columns always are.
+    """
+    chosen = []
+    for name, paths in leaf_paths.items():
+        column = table.column(name)
+        if isinstance(column.type, pa.BaseExtensionType):  # uuid: judged on its storage
+            kind = column.type.storage_type
+            column = pa.chunked_array([c.storage for c in column.chunks], type=kind)
+        if pa.types.is_nested(column.type) or _dictionary_pays(column):
+            chosen += paths
+    return chosen
+
+
+_VARIABLE_WIDTH = (
+    pa.types.is_binary,
+    pa.types.is_string,
+    pa.types.is_large_binary,
+    pa.types.is_large_string,
+)
+
+
+def _plain_bytes(values: pa.Array | pa.ChunkedArray) -> int:
+    """Bytes of the non-null ``values`` in Parquet's plain encoding (before compression)."""
+    count = len(values) - values.null_count
+    kind = values.type
+    if any(is_kind(kind) for is_kind in _VARIABLE_WIDTH):
+        lengths = pc.sum(pc.binary_length(values)).as_py() or 0
+        return lengths + 4 * count
+    return count * kind.bit_width // 8
+
+
+def _dictionary_pays(column: pa.ChunkedArray) -> bool:
+    count = len(column) - column.null_count
+    distinct = pc.unique(column).drop_null()
+    if count == 0 or len(distinct) <= 1:
+        return True
+    index_bytes = count * math.ceil(math.log2(len(distinct))) / 8
+    return _plain_bytes(distinct) + index_bytes < _plain_bytes(column)
 
 
 class PartitioningWriter:

@@ -18,7 +18,7 @@ from pyiceberg.io import FileIO
 from pyiceberg.manifest import DataFile, DataFileContent
 from pyiceberg.table.metadata import TableMetadata
 
-from compactor.errors import CompactorError, DataFileError
+from compactor.errors import CompactorError, DataFileError, file_error
 from compactor.iceberg.pyiceberg_compat import (
     delete_file_key,
     read_data_file,
@@ -78,7 +78,7 @@ def _positions_by_file(io: FileIO, inputs: Sequence[TaskInput]) -> dict[str, lis
         try:
             by_file = read_position_deletes(io, delete_file)
         except Exception as exc:
-            raise DataFileError(f"delete file {key}: {_describe(exc)}") from exc
+            raise file_error("delete", delete_file.file_path, exc) from exc
         read[key] = {p: a for p, a in by_file.items() if p in wanted}
     positions: dict[str, list[pa.ChunkedArray]] = {}
     for f in inputs:
@@ -144,7 +144,7 @@ class _OrderedReader:
         except CompactorError:
             raise
         except Exception as exc:
-            raise DataFileError(f"data file {f.path}: {_describe(exc)}") from exc
+            raise file_error("data", f.path, exc) from exc
 
     def _load(self, f: TaskInput) -> list[pa.RecordBatch]:
         return list(self._stream(f))
