@@ -638,7 +638,7 @@ def test_an_unreachable_catalog_is_exit_1_whatever_its_type(tmp_path: Path, kind
     env.update(AWS_ACCESS_KEY_ID="x", AWS_SECRET_ACCESS_KEY="y", AWS_DEFAULT_REGION="us-east-1")
 
     result = compactor(tmp_path, "run", "--json", "--catalog", "lake", "--table", "db.t", env=env)
-    assert_one_error_line(result, 1, "catalog 'lake' is unreachable: ")
+    assert_one_error_line(result, 1, "error: table db.t: catalog 'lake' is unreachable: ")
 
 
 def test_a_missing_metadata_file_is_one_line_naming_the_table_and_the_file(home: Path) -> None:

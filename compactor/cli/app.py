@@ -44,6 +44,7 @@ from compactor.redaction import protect, redact
 from compactor.sizes import count, format_size
 
 if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
     from pyiceberg.table import Table
 
     from compactor.compaction import RunResult
@@ -81,10 +82,20 @@ TableOpt = Annotated[
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document instead of tables.")]
 
 
-def _open_table(catalog: str | None, table: str) -> Table:
+def _open(catalog: str | None, table: str) -> tuple[Catalog, Table]:
+    """The catalog and the table; an unreachable catalog's error names the table too."""
+    from compactor.errors import CatalogUnreachableError
     from compactor.iceberg.catalogs import open_catalog, open_table
 
-    return open_table(open_catalog(catalog), table)
+    try:
+        opened = open_catalog(catalog)
+    except CatalogUnreachableError as exc:
+        raise CatalogUnreachableError(f"table {table}: {exc}") from exc
+    return opened, open_table(opened, table)
+
+
+def _open_table(catalog: str | None, table: str) -> Table:
+    return _open(catalog, table)[1]
 
 
 def _print_version(value: bool) -> None:
@@ -693,11 +704,9 @@ def expire(
     def go() -> None:
         import time
 
-        from compactor.iceberg.catalogs import open_catalog, open_table
         from compactor.maintain.expire import expire_snapshots, retention_policy
 
-        cat = open_catalog(catalog)
-        tbl = open_table(cat, table)
+        cat, tbl = _open(catalog, table)
         now_ms = int(time.time() * 1000)
         ids = _snapshot_ids(snapshot_ids)
         policy = retention_policy(
@@ -766,11 +775,9 @@ def orphans(
     def go() -> None:
         import time
 
-        from compactor.iceberg.catalogs import open_catalog, open_table
         from compactor.maintain.orphans import orphan_cutoff, remove_orphans
 
-        cat = open_catalog(catalog)
-        tbl = open_table(cat, table)
+        cat, tbl = _open(catalog, table)
         allow = allow_short_older_than
         cutoff = orphan_cutoff(older_than, int(time.time() * 1000), allow_short=allow)
         result = remove_orphans(
@@ -835,10 +842,9 @@ def rewrite_deletes(
     """
 
     def go() -> None:
-        from compactor.iceberg.catalogs import open_catalog, open_table
         from compactor.maintain.delete_rewrite import rewrite_position_deletes
 
-        tbl = open_table(open_catalog(catalog), table)
+        tbl = _open_table(catalog, table)
         data = rewrite_position_deletes(
             tbl, table, target_file_size=target_file_size, where=where, dry_run=dry_run
         ).to_dict()
