@@ -49,7 +49,7 @@ from compactor.planning.health import delete_file_kinds
 from compactor.planning.planner import FileGroup, Plan, plan_rewrite
 from compactor.planning.tasks import RewriteTask, TaskResult, plan_tasks
 from compactor.rewrite.task_runner import EventToken, TaskCancelled
-from compactor.sizes import format_size, peak_rss_bytes
+from compactor.sizes import count, format_size, peak_rss_bytes
 
 ERROR, CONFLICT, CANCELLED = "error", "conflict", "cancelled"
 # Snapshot summary property: the unreadable files (JSON list of paths) the run had skipped.
@@ -228,13 +228,13 @@ class CommitManager:
         """Do not commit a group whose rewrite grew (its outputs are deleted at the end)."""
         self.result.grown_groups.append(grown)
         log.warning(
-            "table %s: group %d not committed: its rewrite grew %s -> %s (%d -> %d files)",
+            "table %s: group %d not committed: its rewrite grew %s -> %s (%d -> %s)",
             self.plan.table,
             grown.group_id,
             format_size(grown.input_bytes),
             format_size(grown.output_bytes),
             grown.input_files,
-            grown.output_files,
+            count(grown.output_files, "file"),
         )
 
     def skip(self, group_id: int, error: UnreadableFileError) -> None:

@@ -686,3 +686,20 @@ def test_files_that_could_not_be_deleted_exit_1_with_one_json_document(home: Pat
     assert document["failed"] == [sorted(before)[0]]
     assert document["deleted"]["data_files"]["files"] == len(before) - 1
     assert result.stderr.splitlines()[-1].startswith(f"error: table {TABLE}: could not delete ")
+
+
+def test_groups_whose_rewrite_would_grow_are_named_and_left_as_they_were(tmp_path: Path) -> None:
+    table = create_events_table(embedded(tmp_path), TABLE, commits=1, rows_per_commit=2000, days=1)
+    with table.transaction() as transaction:  # rewriting zstd files uncompressed only grows them
+        transaction.set_properties({"write.parquet.compression-codec": "uncompressed"})
+    before = Untouched(tmp_path)
+
+    result = run_table(tmp_path, "--rewrite-all")
+
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"{TABLE}: nothing compacted (no snapshot committed)"
+    assert len(lines) == 1 + len(REGIONS), result.stdout
+    assert all(" left as it was: its rewrite grew " in line for line in lines[1:])
+    assert all(line.endswith("(1 -> 1 file)") for line in lines[1:]), result.stdout
+    before.check()

@@ -213,6 +213,7 @@ def _print_result(result: RunResult) -> None:
                 markup=False,
                 highlight=False,
             )
+        _print_grown(data)
         return
     avg = data["added_bytes"] / data["added_files"] if data["added_files"] else 0
     snapshots = ", ".join(str(i) for i in data["snapshot_ids"])
@@ -225,6 +226,19 @@ def _print_result(result: RunResult) -> None:
     for failed in data["failed_groups"]:
         out.print(
             f"  group {failed['group_id']} not committed ({failed['kind']}): {failed['reason']}",
+            markup=False,
+            highlight=False,
+        )
+    _print_grown(data)
+
+
+def _print_grown(data: dict[str, Any]) -> None:
+    """A line for each group left as it was because its rewrite would have grown it."""
+    for grown in data["grown_groups"]:
+        out.print(
+            f"  group {grown['group_id']} left as it was: its rewrite grew "
+            f"{format_size(grown['input_bytes'])} -> {format_size(grown['output_bytes'])} "
+            f"({grown['input_files']} -> {count(grown['output_files'], 'file')})",
             markup=False,
             highlight=False,
         )
