@@ -54,3 +54,8 @@ def format_duration(ms: int) -> str:
 
 def format_time(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def utc_now_text() -> str:
+    """Now, as ``2026-11-23T16:40:12Z``: the time stamp of progress lines."""
+    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")

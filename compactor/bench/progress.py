@@ -5,11 +5,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from datetime import UTC, datetime
 from typing import Protocol
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+from compactor.durations import utc_now_text
 
 Advance = Callable[[float], None]
 
@@ -40,8 +41,7 @@ class LogSteps:
         self.note(f"{description}: done in {self.clock() - started:.1f} s")
 
     def note(self, message: str) -> None:
-        moment = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-        self.console.print(f"{moment} {message}", markup=False, highlight=False)
+        self.console.print(f"{utc_now_text()} {message}", markup=False, highlight=False)
 
 
 class RichSteps:

@@ -9,7 +9,6 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -27,6 +26,7 @@ from rich.text import Text
 from compactor import __version__
 from compactor.cli.bench import bench_app
 from compactor.cli.output import err, fail, guarded, out, state
+from compactor.durations import utc_now_text
 from compactor.errors import EXIT_USAGE, CompactorError, ConfigError, UsageError
 from compactor.options import (
     DEFAULT_COMMIT_EVERY,
@@ -158,8 +158,7 @@ class _Bar:
 
 def _progress_line(message: str, fields: dict[str, Any]) -> None:
     """A progress line on stderr when no bar can be drawn (stderr is not a terminal)."""
-    moment = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-    err.print(f"{moment} progress {message}", markup=False, highlight=False)
+    err.print(f"{utc_now_text()} progress {message}", markup=False, highlight=False)
 
 
 def _print_plan(plan: Plan) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import uuid
 from collections.abc import Callable
@@ -237,8 +238,10 @@ class RollingParquetWriter:
         self.data_files.append(data_file)
 
 
+@functools.lru_cache(maxsize=64)
 def parquet_leaf_paths(schema: pa.Schema) -> dict[str, list[str]]:
-    """Top-level column name -> the dotted paths of its Parquet leaf columns."""
+    """Top-level column name -> the dotted paths of its Parquet leaf columns (cached per schema:
+    every partition's writer of a run asks for the same one; callers only read it)."""
     buffer = pa.BufferOutputStream()
     pq.write_table(schema.empty_table(), buffer)
     parquet = pq.ParquetFile(pa.BufferReader(buffer.getvalue())).schema
