@@ -8,6 +8,8 @@ rows after compaction are exactly the rows before, read by pyiceberg and by Iceb
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pyarrow as pa
 import pytest
 from helpers import (
@@ -26,6 +28,7 @@ from pyiceberg.table import Table
 from pyiceberg.types import IntegerType, LongType, NestedField, StringType
 
 from compactor.bench.sample import create_events_table
+from compactor.rewrite.bulk_read import BulkRead
 
 SCHEMA = Schema(
     NestedField(1, "id", LongType(), required=True),
@@ -136,3 +139,23 @@ def test_rows_keep_the_order_of_the_inputs_across_both_read_paths(catalog: Catal
     ids = read_data_file(after, written).column("id").to_pylist()
     assert len(ids) == 5 * 40 - 1
     assert ids == sorted(ids)
+
+
+def test_consecutive_files_on_one_file_system_are_scanned_together(
+    catalog: Catalog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One scan for a run of files, not one per file: a scan's set-up costs about a file's read."""
+    scans: list[int] = []
+    scan = BulkRead._scan
+
+    def counting(self: BulkRead, fragments: list) -> Iterator[pa.RecordBatch]:
+        scans.append(len(fragments))
+        return scan(self, fragments)
+
+    monkeypatch.setattr(BulkRead, "_scan", counting)
+    _table(catalog, appends=5)
+
+    result, _, _ = compact_and_verify(catalog, "db.t")
+
+    assert result.to_dict()["bulk_read_files"] == 5
+    assert scans == [5]

@@ -169,10 +169,11 @@ class BulkRead:
                 yield ReadEach(chunk[i:j])
             else:
                 # One scan per file system (data files may live in more than one bucket).
+                # ``filesystem`` wraps the C++ object anew on each access: compare by value.
                 while (
                     j < len(chunk)
                     and (fragment := fragments[j]) is not None
-                    and fragment.filesystem is first.filesystem
+                    and fragment.filesystem.equals(first.filesystem)
                 ):
                     j += 1
                 yield from self._scan([f for f in fragments[i:j] if f is not None])
