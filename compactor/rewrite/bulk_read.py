@@ -216,7 +216,7 @@ def _ahead(items: Iterator[Item], budget: int) -> Iterator[Item]:
     to the consumer; a consumer that stops early stops the thread (and closes ``items``)
     before this generator finishes closing.
     """
-    ready: deque[Item] = deque()
+    ready: deque[tuple[Item, int]] = deque()  # with its weight, worked out once
     state = {"held": 0, "in_use": 0, "done": False, "stop": False}
     errors: list[BaseException] = []
     changed = threading.Condition()
@@ -224,6 +224,7 @@ def _ahead(items: Iterator[Item], budget: int) -> Iterator[Item]:
     def produce() -> None:
         try:
             for item in items:
+                weight = _weight(item, budget)
                 with changed:
                     while (
                         state["held"] >= budget and (ready or state["in_use"]) and not state["stop"]
@@ -231,8 +232,8 @@ def _ahead(items: Iterator[Item], budget: int) -> Iterator[Item]:
                         changed.wait()
                     if state["stop"]:
                         return
-                    ready.append(item)
-                    state["held"] += _weight(item, budget)
+                    ready.append((item, weight))
+                    state["held"] += weight
                     changed.notify_all()
         except BaseException as exc:  # handed to the consumer
             errors.append(exc)
@@ -253,8 +254,7 @@ def _ahead(items: Iterator[Item], budget: int) -> Iterator[Item]:
                     changed.wait()
                 if not ready:
                     break
-                item = ready.popleft()
-                state["in_use"] = _weight(item, budget)
+                item, state["in_use"] = ready.popleft()
             yield item
             with changed:
                 state["held"] -= state["in_use"]

@@ -115,9 +115,10 @@ class RollingParquetWriter:
         while batch.num_rows:
             budget = self._row_group_budget()
             room = budget - self._buffered_bytes
-            if batch.nbytes <= room or batch.num_rows == 1:
+            size = batch.nbytes
+            if size <= room or batch.num_rows == 1:
                 self._buffer.append(batch)
-                self._buffered_bytes += batch.nbytes
+                self._buffered_bytes += size
                 if len(self._buffer) >= COALESCE_BATCHES:
                     # Many small batches (one per small input file) cost far more memory than
                     # their rows: keep them as one.
@@ -125,7 +126,7 @@ class RollingParquetWriter:
                 if self._buffered_bytes >= budget:
                     self._flush_row_group()
                 return
-            rows = max(1, batch.num_rows * room // batch.nbytes)
+            rows = max(1, batch.num_rows * room // size)
             head = batch.slice(0, rows)
             self._buffer.append(head)
             self._buffered_bytes += head.nbytes
