@@ -38,7 +38,7 @@ from compactor.errors import (
     first_line,
 )
 from compactor.execute import make_executor
-from compactor.execute.executors import Executor
+from compactor.execute.executors import Executor, ThreadExecutor
 from compactor.options import (
     MAX_OUTPUT_GROWTH,
     MIN_FILE_REDUCTION_FOR_GROWTH,
@@ -304,6 +304,28 @@ class CommitManager:
             )
 
 
+class _GroupProgress:
+    """A run's progress, moved as groups read their inputs (where the executor tells) and,
+    for what a group did not tell, when it finishes. Thread-safe: groups read in threads."""
+
+    def __init__(self, progress: Progress) -> None:
+        self._progress, self._lock = progress, threading.Lock()
+        self._told: dict[int, tuple[int, int]] = {}
+
+    def read(self, task_id: int, files: int, size: int) -> None:
+        with self._lock:
+            told_files, told_bytes = self._told.get(task_id, (0, 0))
+            self._told[task_id] = (told_files + files, told_bytes + size)
+            self._progress.advance(files, size)
+
+    def finished(self, task: RewriteTask) -> None:
+        with self._lock:
+            told_files, told_bytes = self._told.pop(task.task_id, (0, 0))
+            self._progress.advance(
+                max(len(task.inputs) - told_files, 0), max(task.input_bytes - told_bytes, 0)
+            )
+
+
 def _rewrite_and_commit(
     tasks: list[RewriteTask],
     executor: Executor,
@@ -313,12 +335,17 @@ def _rewrite_and_commit(
 ) -> None:
     """Run ``tasks`` on ``executor``, committing results as they come; stop all on a failure."""
     abort = threading.Event()  # the run failed: the other tasks stop too (``stop`` is not ours)
-    outcomes = executor.run(tasks, EventToken(stop, abort))
+    token = EventToken(stop, abort)
+    groups = _GroupProgress(progress) if progress else None
+    if groups and isinstance(executor, ThreadExecutor):
+        outcomes = executor.run(tasks, token, on_read=groups.read)
+    else:  # other executors report a group once it finishes
+        outcomes = executor.run(tasks, token)
     try:
         for task, outcome in outcomes:
             if isinstance(outcome, TaskResult):
-                if progress:
-                    progress.advance(len(task.inputs), outcome.input_bytes)
+                if groups:
+                    groups.finished(task)
                 grown = grown_group(task, outcome)
                 if grown is None:
                     commits.add(outcome)

@@ -560,8 +560,8 @@ def test_verbose_is_taken_after_the_command_too(shared_home: Path) -> None:
 
 
 def test_a_run_off_a_terminal_logs_progress_lines_on_stderr(home: Path) -> None:
-    every_group = {"COMPACTOR_PROGRESS_INTERVAL": "0"}
-    result = run_table(home, *SMALL_TARGET, "--json", env=every_group)
+    every_advance = {"COMPACTOR_PROGRESS_INTERVAL": "0"}
+    result = run_table(home, *SMALL_TARGET, "--json", env=every_advance)
 
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["rewritten_files"] == DATA_FILES  # stdout: JSON alone

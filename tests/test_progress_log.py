@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 from types import SimpleNamespace
 from typing import Any
 
+import pyarrow as pa
 import pytest
+from helpers import DEFAULT_OPTIONS
+from pyiceberg.catalog import Catalog
 from rich.console import Console
 
 from compactor.bench.progress import LogSteps
+from compactor.compaction import compact
 from compactor.errors import UsageError
 from compactor.execute.progress_log import ProgressLog, progress_interval
+from compactor.options import resolve_options
 
 MiB = 1024 * 1024
 
@@ -80,3 +86,39 @@ def test_benchmark_steps_off_a_terminal_are_a_line_when_they_start_and_end() -> 
         "loaded 16 tables",
     ]
     assert all(moment.endswith("Z") and "T" in moment for moment, _ in lines)
+
+
+class Recorded:
+    """A run's progress, as told."""
+
+    def __init__(self) -> None:
+        self.plan: Any = None
+        self.advances: list[tuple[int, int]] = []
+
+    def start(self, plan: Any) -> None:
+        self.plan = plan
+
+    def advance(self, input_files: int, input_bytes: int) -> None:
+        self.advances.append((input_files, input_bytes))
+
+
+@pytest.mark.parametrize("bulk_read", [False, True])
+def test_progress_moves_while_a_group_reads_its_files(catalog: Catalog, bulk_read: bool) -> None:
+    """One long group (a 20 GB table is one) must not look stuck until it finishes."""
+    table = catalog.create_table("db.t", pa.schema([("id", pa.int64())]))
+    for start in range(0, 50, 10):
+        table.append(pa.table({"id": pa.array(range(start, start + 10), pa.int64())}))
+    options = resolve_options("db.t", table.metadata.properties, **DEFAULT_OPTIONS)
+    options = dataclasses.replace(options, bulk_read=bulk_read)
+    recorded = Recorded()
+
+    result = compact(table, "db.t", options, progress=recorded)
+
+    assert result.to_dict()["rewritten_files"] == 5
+    (group,) = result.plan.groups
+    sizes = [f.size for f in group.files]
+    if bulk_read:  # one run of five files, read in bulk, then the group's end
+        assert recorded.advances == [(5, sum(sizes)), (0, 0)]
+    else:  # each file as it is read, then the group's end
+        assert recorded.advances == [(1, size) for size in sizes] + [(0, 0)]
+    assert recorded.plan.input_bytes == sum(sizes)

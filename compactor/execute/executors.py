@@ -8,8 +8,9 @@ writing, so an executor needs no cleanup of its own beyond stopping its tasks.
 
 from __future__ import annotations
 
+import functools
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from typing import TYPE_CHECKING, Protocol
 
@@ -54,7 +55,11 @@ class _CancelToken:
 
 
 class ThreadExecutor:
-    """Runs up to ``parallelism`` tasks at once in threads of this process, in task order."""
+    """Runs up to ``parallelism`` tasks at once in threads of this process, in task order.
+
+    Beyond the :class:`Executor` protocol, :meth:`run` takes ``on_read``: told (task id, files,
+    bytes) as each task reads its inputs, so that progress moves within a long group.
+    """
 
     def __init__(self, parallelism: int) -> None:
         if parallelism < 1:
@@ -62,13 +67,19 @@ class ThreadExecutor:
         self.parallelism = parallelism
 
     def run(
-        self, tasks: Sequence[RewriteTask], cancel: CancelToken
+        self,
+        tasks: Sequence[RewriteTask],
+        cancel: CancelToken,
+        on_read: Callable[[int, int, int], None] | None = None,
     ) -> Iterator[tuple[RewriteTask, Outcome]]:
         closed = threading.Event()
         token = _CancelToken(cancel, closed)
         with ThreadPoolExecutor(self.parallelism, thread_name_prefix="rewrite") as pool:
             futures: dict[Future[TaskResult], RewriteTask] = {
-                pool.submit(run_task, task, token): task for task in tasks
+                pool.submit(
+                    run_task, task, token, on_read and functools.partial(on_read, task.task_id)
+                ): task
+                for task in tasks
             }
             try:
                 for future in as_completed(futures):

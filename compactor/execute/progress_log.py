@@ -13,7 +13,7 @@ from compactor.sizes import count, format_size
 if TYPE_CHECKING:
     from compactor.planning.planner import Plan
 
-# Seconds between two progress lines; COMPACTOR_PROGRESS_INTERVAL overrides (0: every group).
+# Seconds between two progress lines; COMPACTOR_PROGRESS_INTERVAL overrides (0: every advance).
 DEFAULT_INTERVAL_S = 30.0
 INTERVAL_VARIABLE = "COMPACTOR_PROGRESS_INTERVAL"
 

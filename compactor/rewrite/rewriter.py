@@ -187,6 +187,7 @@ def _read_each(
     writer: RollingParquetWriter | PartitioningWriter | SortingWriter,
     result: Rewritten,
     between_files: Callable[[], None],
+    on_read: Callable[[int, int], None],
 ) -> None:
     """Write the live rows of ``files`` read through the Iceberg read path, checking counts."""
     for f, batches in reader.batches(files):
@@ -203,7 +204,12 @@ def _read_each(
             )
         result.records_read += rows
         result.rows_deleted += deleted
+        on_read(1, f.size)
         between_files()
+
+
+def _ignore(files: int, size: int) -> None:
+    """No one asked for progress."""
 
 
 def rewrite_files(
@@ -218,6 +224,7 @@ def rewrite_files(
     bulk_read: bool = True,
     clustering: Clustering | None = None,
     repartition: bool = False,
+    on_read: Callable[[int, int], None] | None = None,
 ) -> Rewritten:
     """Rewrite ``inputs`` into new data files; on any failure remove what was written and raise.
 
@@ -230,7 +237,10 @@ def rewrite_files(
     With ``clustering`` the rows are sorted (:mod:`compactor.rewrite.sorting`, in runs of
     ``read_ahead`` bytes) before they are written. With ``repartition`` the inputs (of other
     specs) are written into ``out``'s spec, split by its partitions: sorted by them first.
+    ``on_read`` is told (files, bytes) as inputs are read: after each file read each, after
+    each run read in bulk.
     """
+    read = on_read or _ignore
     writer: RollingParquetWriter | PartitioningWriter = (
         PartitioningWriter(out, on_create=on_file_created)
         if repartition
@@ -270,8 +280,9 @@ def rewrite_files(
                 result.records_read += bulk_rows
                 result.bulk_read_files += len(item.files)
                 bulk_rows = 0
+                read(len(item.files), sum(f.size for f in item.files))
             else:
-                _read_each(reader, item.files, positions, sink, result, between_files)
+                _read_each(reader, item.files, positions, sink, result, between_files, read)
         result.data_files = sink.close()
         if writer.records_written != result.records_read:
             raise DataFileError(

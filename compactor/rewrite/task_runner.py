@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from pyiceberg.io import FileIO, load_file_io
@@ -76,10 +76,15 @@ def _label(task: RewriteTask, metadata: TableMetadata) -> str:
     return f"group {task.task_id} ({path or 'unpartitioned'})"
 
 
-def run_task(task: RewriteTask, cancel: CancelToken | None = None) -> TaskResult:
+def run_task(
+    task: RewriteTask,
+    cancel: CancelToken | None = None,
+    on_read: Callable[[int, int], None] | None = None,
+) -> TaskResult:
     """Rewrite ``task``'s inputs into new data files and describe them; commits nothing.
 
-    ``cancel`` is asked before the task starts and after each input file. On cancellation
+    ``cancel`` is asked before the task starts and after each input file; ``on_read`` is told
+    (files, bytes) as inputs are read. On cancellation
     (:class:`TaskCancelled`) or any failure the task deletes the files it wrote, then raises.
     Its intent file stays for the driver to remove.
     """
@@ -120,6 +125,7 @@ def run_task(task: RewriteTask, cancel: CancelToken | None = None) -> TaskResult
         bulk_read=task.bulk_read,
         clustering=task.clustering,
         repartition=task.repartition,
+        on_read=on_read,
     )
     return TaskResult(
         task_id=task.task_id,
