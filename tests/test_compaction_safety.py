@@ -260,8 +260,10 @@ def _take_over_after_rewrite(monkeypatch: pytest.MonkeyPatch, delete_outputs: bo
     """Once groups are rewritten, another run takes the lease (this run's heartbeat stalled)."""
     real = executors.run_task
 
-    def rewrite_then_lose_the_lease(task: RewriteTask, cancel: Any = None) -> Any:
-        result = real(task, cancel)
+    def rewrite_then_lose_the_lease(
+        task: RewriteTask, cancel: Any = None, on_read: Any = None
+    ) -> Any:
+        result = real(task, cancel, on_read)
         if delete_outputs:
             for data_file in result.data_files:
                 local_path(data_file.file_path).unlink()
@@ -300,8 +302,10 @@ def test_outputs_missing_from_storage_are_not_committed(
     before, snapshots = scan_rows(table), len(table.metadata.snapshots)
     real = executors.run_task
 
-    def rewrite_then_lose_outputs(task: RewriteTask, cancel: Any = None) -> Any:
-        result = real(task, cancel)
+    def rewrite_then_lose_outputs(
+        task: RewriteTask, cancel: Any = None, on_read: Any = None
+    ) -> Any:
+        result = real(task, cancel, on_read)
         if task.task_id == 0:
             local_path(result.data_files[0].file_path).unlink()
         return result
