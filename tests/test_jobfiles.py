@@ -27,6 +27,7 @@ from test_cli import COMPACTOR, assert_one_error_line, cli_env
 from typer.testing import CliRunner
 
 from compactor.cli.app import app
+from compactor.daemon.history import History
 from compactor.daemon.jobfiles import ACTIONS, load_job
 from compactor.errors import ConfigError
 from compactor.iceberg.catalogs import compactor_home
@@ -505,6 +506,23 @@ def test_status_without_a_state_file_is_one_line_naming_it(tmp_path: Path) -> No
     message = assert_one_error_line(result, 2, str(state), "does not exist")
     assert message.startswith(f"error: state file {state}: "), message
     assert not state.exists()
+
+
+def test_status_shows_errors_as_they_were_written(tmp_path: Path) -> None:
+    """Brackets in an error (paths, lists, a server's text) are not taken for rich markup."""
+    config = write_settings(tmp_path)
+    copy_examples(tmp_path)
+    history = History((tmp_path / "state.db").resolve())
+    history.record_tick("nightly", "compact", 1.0, "[red]tick[/red]")
+    run = history.start_run("db.t", "compact", "nightly", 1.0)
+    run.ended_at, run.outcome, run.error = 2.0, "failed", "[bold]run[/bold]"
+    history.finish_run(run)
+    history.close()
+
+    result = invoke("status", "--config", str(config))
+
+    assert result.returncode == 0, result.stderr
+    assert "[red]tick[/red]" in result.stdout and "[bold]run[/bold]" in result.stdout
 
 
 def test_status_without_a_config_looks_for_the_default_state_file(tmp_path: Path) -> None:

@@ -1149,7 +1149,7 @@ def status(config: ConfigFileOpt = None, as_json: JsonOpt = False) -> None:
                 j["last_outcome"],
                 str(j["consecutive_failures"]),
                 _when(j["last_success_at_ms"]),
-                j["last_error"] or "",
+                Text(j["last_error"] or ""),  # as written: no markup
             )
         out.print(ticks)
         schedules = RichTable(title="next ticks")
@@ -1181,7 +1181,7 @@ def status(config: ConfigFileOpt = None, as_json: JsonOpt = False) -> None:
                 str(r["input_files"]),
                 format_size(r["input_bytes"]),
                 str(r["output_files"]),
-                r["error"] or "",
+                Text(r["error"] or ""),  # as written: no markup
             )
         out.print(runs)
         unreadable = RichTable(title="unreadable files (skipped by each table's last compaction)")
