@@ -42,6 +42,8 @@ from compactor.execute.executors import Executor, ThreadExecutor
 from compactor.options import (
     MAX_OUTPUT_GROWTH,
     MIN_FILE_REDUCTION_FOR_GROWTH,
+    SNAPSHOT_PROPERTY_ACTION,
+    SNAPSHOT_PROPERTY_RUN_ID,
     SNAPSHOT_PROPERTY_TOOL,
     RewriteOptions,
 )
@@ -250,7 +252,10 @@ class CommitManager:
         )
 
     def _commit(self, batch: list[TaskResult]) -> None:
-        properties = {SNAPSHOT_PROPERTY_TOOL: __version__, "compactor.run-id": self.result.run_id}
+        properties = {
+            SNAPSHOT_PROPERTY_TOOL: __version__,
+            SNAPSHOT_PROPERTY_RUN_ID: self.result.run_id,
+        }
         if self.result.skipped_files:
             skipped = sorted({f.path for f in self.result.skipped_files})
             properties[UNREADABLE_FILES_PROPERTY] = json.dumps(skipped)
@@ -390,7 +395,7 @@ def last_unreadable_files(table: Table) -> list[str]:
     """
     for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
         properties = snapshot.summary.additional_properties if snapshot.summary else {}
-        if "compactor.run-id" in properties and "compactor.action" not in properties:
+        if SNAPSHOT_PROPERTY_RUN_ID in properties and SNAPSHOT_PROPERTY_ACTION not in properties:
             return list(json.loads(properties.get(UNREADABLE_FILES_PROPERTY, "[]")))
     return []
 

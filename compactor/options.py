@@ -98,6 +98,9 @@ TARGET_FILE_SIZE_PROPERTY = "write.target-file-size-bytes"
 ROW_GROUP_SIZE_PROPERTY = "write.parquet.row-group-size-bytes"
 
 SNAPSHOT_PROPERTY_TOOL = "compactor.version"
+# The run that committed a snapshot, and what it did when it was not a compaction.
+SNAPSHOT_PROPERTY_RUN_ID = "compactor.run-id"
+SNAPSHOT_PROPERTY_ACTION = "compactor.action"
 
 PYICEBERG_CONFIG_FILE = ".pyiceberg.yaml"
 FILTER_EXAMPLE = "region = 'eu' and event_id >= 100"

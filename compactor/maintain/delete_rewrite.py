@@ -93,7 +93,12 @@ from compactor.iceberg.pyiceberg_compat import (
     parquet_writer_kwargs,
     position_delete_schema,
 )
-from compactor.options import DEFAULT_LEASE_TTL_S, SNAPSHOT_PROPERTY_TOOL
+from compactor.options import (
+    DEFAULT_LEASE_TTL_S,
+    SNAPSHOT_PROPERTY_ACTION,
+    SNAPSHOT_PROPERTY_RUN_ID,
+    SNAPSHOT_PROPERTY_TOOL,
+)
 from compactor.planning.health import delete_file_kinds
 from compactor.planning.planner import is_unpartitioned, parse_where
 from compactor.rewrite.intent import IntentLog
@@ -314,8 +319,8 @@ def rewrite_position_deletes(
         if result.groups:
             properties = {
                 SNAPSHOT_PROPERTY_TOOL: _version(),
-                "compactor.run-id": run_id,
-                "compactor.action": ACTION,
+                SNAPSHOT_PROPERTY_RUN_ID: run_id,
+                SNAPSHOT_PROPERTY_ACTION: ACTION,
             }
             in_doubt = True
             outcome = commit_delete_rewrite(
