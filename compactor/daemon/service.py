@@ -108,6 +108,8 @@ class Daemon:
         self._catalogs: dict[str | None, Catalog] = {}
         # (job, action) -> ticks failed in a row and the last error, as in the state file.
         self._tick_failures: dict[tuple[str, str], tuple[int, str | None]] = {}
+        # (job, table) -> the settings warnings last logged for it: logged again only on change.
+        self._warned: dict[tuple[str, str], tuple[str, ...]] = {}
         self._runs = ThreadPoolExecutor(section.max_concurrent_runs, thread_name_prefix="run")
         self._scheduler = BackgroundScheduler(
             timezone=UTC,
@@ -307,8 +309,10 @@ class Daemon:
             return Request(identifier, action, job.name, payload=(catalog, section, None))
         table = catalog.load_table(identifier)
         options = resolve_options(identifier, table.metadata.properties, **section.given())
-        for warning in options.warnings:
-            log.warning(warning, extra={"event": "setting_replaced", "table": identifier})
+        if self._warned.get((job.name, identifier)) != options.warnings:
+            self._warned[(job.name, identifier)] = options.warnings
+            for warning in options.warnings:
+                log.warning(warning, extra={"event": "setting_replaced", "table": identifier})
         reasons, score = self._score(table, identifier, job.name, options, section)
         if not reasons:
             return None
