@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from helpers import compact_and_verify, live_data_files, read_data_file
+from helpers import compact_and_verify, live_data_files, local_path, read_data_file
 from pyiceberg.catalog import Catalog
 from pyiceberg.conversions import from_bytes
 from pyiceberg.manifest import DataFile
@@ -41,7 +41,7 @@ from pyiceberg.types import (
 import compactor
 from compactor.errors import UsageError
 from compactor.planning.tasks import RewriteTask, plan_tasks
-from compactor.rewrite.task_runner import run_task
+from compactor.rewrite.task_runner import TaskCancelled, run_task
 
 pytestmark = pytest.mark.usefixtures("read_path")
 
@@ -315,3 +315,32 @@ def test_a_sort_task_round_trips_through_json_and_sorts_where_it_runs(catalog: C
         ys = read_data_file(table, data_file).column("y").to_pylist()
         nulls = ys.count(None)
         assert ys[:nulls] == [None] * nulls and ys[nulls:] == sorted(ys[nulls:])
+
+
+class _CancelOnceRead:
+    """A cancel token set once every input of a task has been read."""
+
+    def __init__(self, files: int) -> None:
+        self.files, self.read = files, 0
+
+    def on_read(self, files: int, _size: int) -> None:
+        self.read += files
+
+    def is_cancelled(self) -> bool:
+        return self.read >= self.files
+
+
+def test_a_sort_cancelled_after_reading_stops_before_writing_and_leaves_no_output(
+    catalog: Catalog,
+) -> None:
+    order = SortOrder(SortField(source_id=4, transform=IdentityTransform()))
+    table = _table(catalog, partitioned=False, sort_order=order)
+    plan = compactor.plan(table, **SMALL, strategy="sort", bulk_read=True)
+    (task,) = plan_tasks(plan, "run000000002", table.io.properties)
+    token = _CancelOnceRead(len(task.inputs))
+
+    with pytest.raises(TaskCancelled, match="stopped before group"):
+        run_task(task, token, token.on_read)
+
+    assert token.read == len(task.inputs), "cancelled only once every input was read"
+    assert list(local_path(table.location()).rglob("compactor-run000000002-*.parquet")) == []

@@ -229,11 +229,12 @@ def rewrite_files(
     """Rewrite ``inputs`` into new data files; on any failure remove what was written and raise.
 
     ``equality_sequence_numbers`` gives the data sequence number of each equality delete of the
-    inputs. ``between_files`` runs after each input file (it raises to stop); ``on_file_created`` gets
-    each output path before its file is created. Checks that every live input row was written:
-    rows read plus rows deleted by position deletes must equal each input file's record count
-    (for files read in bulk, :mod:`compactor.rewrite.bulk_read`, their total). ``label`` names
-    the group in errors; ``bulk_read=False`` reads every file through the Iceberg read path.
+    inputs. ``between_files`` runs after each input file, and while sorted rows are merged and
+    written (it raises to stop); ``on_file_created`` gets each output path before its file is
+    created. Checks that every live input row was written: rows read plus rows deleted by
+    position deletes must equal each input file's record count (for files read in bulk,
+    :mod:`compactor.rewrite.bulk_read`, their total). ``label`` names the group in errors;
+    ``bulk_read=False`` reads every file through the Iceberg read path.
     With ``clustering`` the rows are sorted (:mod:`compactor.rewrite.sorting`, in runs of
     ``read_ahead`` bytes) before they are written. With ``repartition`` the inputs (of other
     specs) are written into ``out``'s spec, split by its partitions: sorted by them first.
@@ -257,6 +258,7 @@ def rewrite_files(
                 [f.data_file for f in inputs],
                 memory=read_ahead,
                 prefix=partition_order(out) if repartition else (),
+                between_batches=between_files,
             )
         positions = _positions_by_file(out.io, inputs)
         reader = _OrderedReader(

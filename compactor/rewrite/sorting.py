@@ -107,8 +107,11 @@ class SortingWriter:
         *,
         memory: int,
         prefix: Sequence[SortField] = (),
+        between_batches: Callable[[], None] = lambda: None,
     ) -> None:
         self._writer, self._memory = writer, memory
+        # Asked before each merged table is spilled or written (it raises to stop).
+        self._check = between_batches
         self._keys = SortKeys(
             clustering, schema, field_positions(writer.arrow_schema), inputs, prefix=prefix
         )
@@ -170,6 +173,7 @@ class SortingWriter:
             for part in tables:
                 if writer is None:
                     writer = pa.ipc.new_file(path, part.schema)
+                self._check()
                 for batch in part.to_batches(max_chunksize=self._batch_rows(part)):
                     writer.write_batch(batch)
         finally:
@@ -198,6 +202,7 @@ class SortingWriter:
 
     def _emit(self, tables: pa.Table | Iterator[pa.Table]) -> None:
         for table in [tables] if isinstance(tables, pa.Table) else tables:
+            self._check()
             for batch in table.drop_columns([KEY]).to_batches():
                 self._writer.write(batch)
 
