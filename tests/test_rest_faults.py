@@ -7,7 +7,8 @@ know) or without forwarding it (it did not). pyiceberg turns that 504 into
 CommitStateUnknownException. compactor must then find out from the table whether its snapshot
 landed: if it did, the run succeeded; if not, it keeps every file it wrote (the catalog might
 still apply it) and the next run cleans up. Either way the rows never change and, once settled,
-no file is left that the table does not reference.
+no file is left that the table does not reference. The same server also refuses (400) a
+snapshot whose sequence number another branch's commit took meanwhile: a conflict to retry.
 """
 
 from __future__ import annotations
@@ -184,4 +185,43 @@ def test_a_commit_lost_behind_a_504_keeps_every_file_until_the_next_run(
     assert result.recovered_files
     assert result.snapshot_ids == [table.current_snapshot().snapshot_id]
     assert _rows(table) == before
+    assert _unreferenced(table, moto_s3) == set()
+
+
+def test_a_branch_commit_inside_the_catalog_call_is_a_conflict_retried(
+    proxied: tuple[TimeoutProxy, Catalog], moto_s3: MotoS3, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another branch's commit lands between the run's last look at the table and its commit:
+    main has not moved, but the run's snapshot now reuses a sequence number. The REST server
+    refuses it (400, nothing applied); the run retries it with the next one."""
+    _, catalog = proxied
+    table = _fragmented(catalog)
+    identifier = ".".join(table.name())
+    table.manage_snapshots().create_branch(table.current_snapshot().snapshot_id, "audit").commit()
+    before = _rows(table)
+    appended = pa.table({"id": [1000], "name": ["branch"]}, table.schema().as_arrow())
+    commit_table = catalog.commit_table
+    moved: list[int] = []
+
+    def commit_after_the_branch_moved(committing: Table, requirements: tuple, updates: tuple):
+        to_main = any(getattr(r, "ref", None) == "main" for r in requirements)
+        if to_main and not moved:
+            other = catalog.load_table(identifier)
+            other.append(appended, branch="audit")
+            moved.append(other.metadata.last_sequence_number)
+        return commit_table(committing, requirements, updates)
+
+    monkeypatch.setattr(catalog, "commit_table", commit_after_the_branch_moved)
+    table = catalog.load_table(identifier)
+    result = compactor.compact(table, **SMALL)
+
+    table.refresh()
+    assert moved and [c.attempts for c in result.commits] == [2]
+    assert result.snapshot_ids == [table.current_snapshot().snapshot_id]
+    assert table.current_snapshot().sequence_number > moved[0]
+    assert _rows(table) == before
+    assert (
+        table.scan(snapshot_id=table.snapshot_by_name("audit").snapshot_id).to_arrow().num_rows
+        == 121
+    )
     assert _unreferenced(table, moto_s3) == set()

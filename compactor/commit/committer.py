@@ -23,7 +23,11 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownException
+from pyiceberg.exceptions import (
+    BadRequestError,
+    CommitFailedException,
+    CommitStateUnknownException,
+)
 from pyiceberg.manifest import (
     DataFile,
     DataFileContent,
@@ -538,10 +542,11 @@ def commit_on_branch(
             in_catalog_call = True
             try:
                 table.catalog.commit_table(table, requirements, updates)
-            except ValueError as exc:
-                # pyiceberg's SQL catalog applies the updates to the table as it is now and
-                # refuses a sequence number another branch's commit took meanwhile: nothing
-                # was written, retry as after any conflict.
+            except (ValueError, BadRequestError) as exc:
+                # The catalog applies the updates to the table as it is now and refuses a
+                # sequence number another branch's commit took meanwhile (pyiceberg's SQL
+                # catalog: ValueError; a REST server: 400 ValidationException). Nothing was
+                # written: retry as after any conflict.
                 if "sequence number" not in str(exc):
                     raise
                 raise CommitFailedException(first_line(exc)) from exc
