@@ -283,9 +283,11 @@ def test_queries_bench_with_a_sort_strategy_runs_filtered_queries_and_counts_ski
         *("--scale-factor", SCALE_FACTOR, "--target-file-size", "256KB", "--allow-small-target"),
         *QUICK,
         *("--file-size", "64KB", "--queries", "96", "--strategy", "sort"),
+        *("--row-group-size", "256KiB"),
     )
 
     assert report["parameters"]["strategy"] == "sort"
+    assert report["parameters"]["row_group_size"] == 256 * 1024
     queries = {q["query"]: q for q in report["queries"]}
     assert list(queries) == [96, 901, 902, 903, 904]
     assert all(q["identical_results"] and q["before"]["rows"] for q in queries.values())
@@ -294,6 +296,7 @@ def test_queries_bench_with_a_sort_strategy_runs_filtered_queries_and_counts_ski
         before, after = queries[number]["pruning"]["before"], queries[number]["pruning"]["after"]
         assert before["files"] > after["files"] > after["files_to_read"] > 0
         assert after["row_groups"] > after["row_groups_to_read"] > 0
+        assert after["row_groups"] > 2 * after["files"], "row groups follow --row-group-size"
     markdown = (tmp_path / "report" / "report.md").read_text()
     assert "Strategy sort: what min/max statistics let a reader skip" in markdown
     assert "| 901 |" in markdown
@@ -397,6 +400,8 @@ def test_bad_options_are_one_error_line_with_exit_code_2(tmp_path: Path) -> None
         (("--file-size", "big"), "--file-size"),
         (("--s3-latency", "30ms"), "--s3-latency"),
         (("--s3", "local", "--s3-latency", "soon"), "--s3-latency"),
+        (("--row-group-size", "1KB"), "--row-group-size"),
+        (("--row-group-size", "many"), "--row-group-size"),
     ):
         assert_one_error_line(run_cli(tmp_path, "bench", "queries", *args), 2, culprit)
 
@@ -638,6 +643,7 @@ def test_bench_help_explains_every_option(tmp_path: Path) -> None:
                 "--repetitions",
                 "--s3",
                 "--s3-endpoint",
+                "--row-group-size",
                 "--out",
                 "--json",
             ),

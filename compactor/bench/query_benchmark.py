@@ -31,7 +31,7 @@ from compactor.bench.warehouse import Warehouse
 from compactor.compaction import RunResult, compact
 from compactor.errors import CompactorError
 from compactor.iceberg.duckdb_views import create_view
-from compactor.options import resolve_options
+from compactor.options import ROW_GROUP_SIZE_PROPERTY, resolve_options
 from compactor.planning.planner import Plan
 from compactor.sizes import format_size_exact
 
@@ -52,6 +52,8 @@ class QueriesParameters:
     # binpack, sort or zorder: how the fact tables are compacted; also runs the filtered
     # queries (compactor.bench.clustering). None: bin-pack, the study's queries only.
     strategy: str | None = None
+    # Bytes: set as each table's write.parquet.row-group-size-bytes before it is compacted.
+    row_group_size: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dict(vars(self))
@@ -78,6 +80,11 @@ def compact_tables(
     for name in tables:
         identifier = f"{NAMESPACE}.{name}"
         table = catalog.load_table(identifier)
+        if parameters.row_group_size is not None:
+            with table.transaction() as transaction:
+                transaction.set_properties(
+                    {ROW_GROUP_SIZE_PROPERTY: str(parameters.row_group_size)}
+                )
         options = resolve_options(
             identifier,
             table.metadata.properties,
