@@ -76,6 +76,12 @@ CORRUPT_MARKERS = (
     "Parquet magic bytes not found",
     "Couldn't deserialize thrift",
     "Parquet file size is",
+    # A valid footer over damaged pages: a page header, compressed data or encoded values.
+    "Invalid page header",
+    "decompression failed",  # ZSTD, LZ4, Brotli
+    "Corrupt snappy compressed data",
+    "GZipCodec failed",
+    "Unexpected end of stream",
 )
 
 

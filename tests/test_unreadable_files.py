@@ -10,6 +10,7 @@ import sqlite3
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import pyarrow.parquet as pq
 import pytest
 from helpers import (
     DEFAULT_OPTIONS,
@@ -147,12 +148,59 @@ def test_an_unreadable_file_travels_from_a_worker_as_the_same_error(
     assert str(returned) == str(raised.value)
 
 
+def damage_a_page(path: Path, column: str) -> None:
+    """Flip bytes inside ``column``'s first column chunk: the footer stays valid."""
+    chunks = pq.ParquetFile(path).metadata.row_group(0)
+    chunk = next(
+        chunks.column(i)
+        for i in range(chunks.num_columns)
+        if chunks.column(i).path_in_schema == column
+    )
+    start = chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset
+    data = bytearray(path.read_bytes())
+    middle = start + chunk.total_compressed_size // 2
+    data[middle : middle + 16] = bytes(b ^ 0xFF for b in data[middle : middle + 16])
+    path.write_bytes(bytes(data))
+
+
+def test_a_damaged_page_under_a_valid_footer_skips_its_group(
+    catalog: Catalog, read_path: str
+) -> None:
+    table = create_events_table(catalog, TABLE, commits=3, rows_per_commit=400, days=1)
+    damaged = sorted(files_in(table, TRUNCATED))[1]
+    damage_a_page(local_path(damaged), "payload")
+    healthy = [r for r in REGIONS if r != TRUNCATED]
+    where = " or ".join(f"region = '{r}'" for r in healthy)
+    healthy_rows = scan_rows(table, where)
+    kept = files_in(table, TRUNCATED)
+
+    result, after = run_compaction(catalog, TABLE)
+
+    data = result.to_dict()
+    (skipped,) = data["skipped_files"]
+    assert skipped["path"] == damaged
+    assert skipped["reason"].startswith("corrupt data file: "), skipped
+    assert data["committed_groups"] == len(healthy)
+    assert (data["bulk_read_files"] > 0) == (read_path == "bulk")
+    assert files_in(after, TRUNCATED) == kept
+    assert all(len(files_in(after, r)) == 1 for r in healthy)
+    assert_same_rows(healthy_rows, scan_rows(after, where))
+    assert unreferenced_files(after) == []
+
+
 def test_only_missing_or_corrupt_files_count_as_unreadable(tmp_path: Path) -> None:
     path = str(tmp_path / "f.parquet")
     missing = FileNotFoundError(2, "No such file or directory")
     no_such_key = OSError("AWS Error NO_SUCH_KEY during GetObject operation")
     corrupt = OSError("Couldn't deserialize thrift: don't know what type")
-    for exc in (missing, no_such_key, corrupt):
+    damaged_pages = [
+        OSError("ZSTD decompression failed: Data corruption detected"),
+        OSError("Corrupt snappy compressed data."),
+        OSError("GZipCodec failed: incorrect data check"),
+        OSError("Invalid page header"),
+        OSError("Unexpected end of stream"),
+    ]
+    for exc in (missing, no_such_key, corrupt, *damaged_pages):
         assert isinstance(file_error("data", path, exc), UnreadableFileError)
     throttled = OSError("AWS Error SLOW_DOWN during GetObject operation: Please reduce your rate")
     timeout = OSError("AWS Error NETWORK_CONNECTION during GetObject operation: curlCode: 28")

@@ -29,7 +29,7 @@ from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.manifest import FileFormat
 from pyiceberg.table.metadata import TableMetadata
 
-from compactor.errors import file_error
+from compactor.errors import DataFileError, file_error, first_line
 
 if TYPE_CHECKING:
     from compactor.planning.planner import TaskInput
@@ -176,7 +176,11 @@ class BulkRead:
                     and fragment.filesystem.equals(first.filesystem)
                 ):
                     j += 1
-                yield from self._scan([f for f in fragments[i:j] if f is not None])
+                run = [f for f in fragments[i:j] if f is not None]
+                try:
+                    yield from self._scan(run)
+                except Exception as exc:
+                    raise _culprit(chunk[i:j], run, self._expected, exc) from exc
                 yield BulkDone(chunk[i:j])
             i = j
 
@@ -200,6 +204,29 @@ class BulkRead:
             fragment_readahead=min(max(files_ahead, 1), MAX_FILES_AHEAD),
             use_threads=False,
         )
+
+
+def _culprit(
+    files: list[TaskInput],
+    fragments: list[ds.ParquetFileFragment],
+    schema: pa.Schema,
+    exc: Exception,
+) -> DataFileError:
+    """The error naming the file of a bulk run that ``exc``, raised scanning the run, came from.
+
+    A scan of many files does not say which one failed: each is read again on its own (only
+    on failure), and the first that fails is named. A corrupt page under a valid footer then
+    makes its file unreadable, as a corrupt footer does.
+    """
+    for f, fragment in zip(files, fragments, strict=True):
+        try:
+            dataset = ds.FileSystemDataset([fragment], schema, FORMAT, fragment.filesystem)
+            for _ in dataset.to_batches(use_threads=False):
+                pass
+        except Exception as again:
+            return file_error("data", f.path, again)
+    paths = ", ".join(f.path for f in files[:3]) + (", ..." if len(files) > 3 else "")
+    return DataFileError(f"data files {paths} (read together): {first_line(exc)}")
 
 
 def _weight(item: Item, budget: int) -> int:
