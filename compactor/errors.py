@@ -82,6 +82,7 @@ CORRUPT_MARKERS = (
     "Corrupt snappy compressed data",
     "GZipCodec failed",
     "Unexpected end of stream",
+    "CRC checksum verification failed",  # a page that decodes, but not to what was written
 )
 
 

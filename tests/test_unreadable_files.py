@@ -10,6 +10,8 @@ import sqlite3
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from helpers import (
@@ -188,6 +190,48 @@ def test_a_damaged_page_under_a_valid_footer_skips_its_group(
     assert unreferenced_files(after) == []
 
 
+def test_a_value_damaged_in_a_checksummed_page_is_caught_not_rewritten(
+    catalog: Catalog, read_path: str
+) -> None:
+    """A flipped bit in an uncompressed page still decodes, to another value. compactor writes
+    page checksums and verifies them where present: the damaged file is unreadable, its group
+    skipped, and the wrong value is not carried into a new file."""
+    schema = pa.schema([pa.field("id", pa.int64(), nullable=False), ("x", pa.float64())])
+    table = catalog.create_table(
+        TABLE, schema, properties={"write.parquet.compression-codec": "uncompressed"}
+    )
+    rng = np.random.default_rng(3)
+
+    def append(start: int) -> None:
+        ids = np.arange(start, start + 2000)
+        table.append(pa.table({"id": ids, "x": rng.random(len(ids))}, schema))
+
+    for start in range(0, 6000, 2000):
+        append(start)
+    result, table = run_compaction(catalog, TABLE)
+    (compacted,) = [d.file_path for r in result.committed for d in r.data_files]
+    before = scan_rows(table)
+    for start in range(6000, 10000, 2000):
+        append(start)
+    path = local_path(compacted)
+    chunk = pq.ParquetFile(path).metadata.row_group(0).column(1)  # x: plain doubles
+    data = bytearray(path.read_bytes())
+    data[chunk.data_page_offset + chunk.total_compressed_size // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    damaged = pq.read_table(path)  # without verification it reads: other values
+    assert damaged.num_rows == before.num_rows
+    assert sorted(damaged.column("x").to_pylist()) != sorted(before.column("x").to_pylist())
+    kept = set(live_data_files(catalog.load_table(TABLE)))
+
+    result, after = run_compaction(catalog, TABLE)
+
+    (skipped,) = result.to_dict()["skipped_files"]
+    assert skipped["path"] == compacted
+    assert "CRC checksum verification failed" in skipped["reason"]
+    assert result.snapshot_ids == []
+    assert set(live_data_files(after)) == kept
+
+
 def test_only_missing_or_corrupt_files_count_as_unreadable(tmp_path: Path) -> None:
     path = str(tmp_path / "f.parquet")
     missing = FileNotFoundError(2, "No such file or directory")
@@ -199,6 +243,9 @@ def test_only_missing_or_corrupt_files_count_as_unreadable(tmp_path: Path) -> No
         OSError("GZipCodec failed: incorrect data check"),
         OSError("Invalid page header"),
         OSError("Unexpected end of stream"),
+        OSError(
+            "could not verify page integrity, CRC checksum verification failed for page_ordinal 2"
+        ),
     ]
     for exc in (missing, no_such_key, corrupt, *damaged_pages):
         assert isinstance(file_error("data", path, exc), UnreadableFileError)

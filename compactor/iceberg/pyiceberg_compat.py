@@ -4,6 +4,10 @@ pyiceberg has no public API to read one data file through the Iceberg read path 
 position deletes, to write Parquet with Iceberg column statistics from a stream, or to match
 delete files to data files. Everything compactor needs of that lives here, so that a pyiceberg
 upgrade touches this file alone.
+
+Importing it makes pyiceberg's Parquet reads in this process verify page checksums where a
+file has them (:data:`VERIFY_PAGE_CHECKSUMS`): damage that still decodes is then an error,
+not other values.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from pyiceberg.expressions.visitors import (
     manifest_evaluator,
 )
 from pyiceberg.io import FileIO, OutputFile
+from pyiceberg.io import pyarrow as pyiceberg_pyarrow
 from pyiceberg.io.fileformat import FileFormatFactory
 from pyiceberg.io.pyarrow import (
     MetricModeTypes,
@@ -81,6 +86,7 @@ __all__ = [
     "DeleteFileIndex",
     "FilePruner",
     "PartitionPath",
+    "VERIFY_PAGE_CHECKSUMS",
     "file_statistics",
     "parquet_writer_kwargs",
     "read_data_file",
@@ -92,6 +98,23 @@ __all__ = [
     "snapshot_manifests",
     "write_manifest_list",
 ]
+
+# Parquet pages carry an optional CRC of their bytes (parquet-java writes it by default).
+# Written by compactor, and checked on read where present: a flipped bit in a page that still
+# decodes would otherwise be rewritten as another value.
+VERIFY_PAGE_CHECKSUMS = {"page_checksum_verification": True}
+WRITE_PAGE_CHECKSUMS = {"write_page_checksum": True}
+_get_file_format = pyiceberg_pyarrow._get_file_format
+
+
+def _verifying_file_format(file_format: FileFormat, **kwargs: Any) -> Any:
+    """pyiceberg's reader format, verifying page checksums of Parquet files."""
+    if file_format == FileFormat.PARQUET:
+        kwargs = {**kwargs, **VERIFY_PAGE_CHECKSUMS}
+    return _get_file_format(file_format, **kwargs)
+
+
+pyiceberg_pyarrow._get_file_format = _verifying_file_format  # type: ignore[assignment]
 
 # Row lineage (format v3): reserved field ids of the metadata columns rewrites must carry.
 ROW_ID_FIELD_ID = 2147483540
@@ -225,7 +248,7 @@ def parquet_writer_kwargs(properties: dict[str, str]) -> dict[str, Any]:
     with warnings.catch_warnings():
         # compactor implements write.parquet.row-group-size-bytes itself.
         warnings.simplefilter("ignore")
-        return _get_parquet_writer_kwargs(properties)
+        return {**_get_parquet_writer_kwargs(properties), **WRITE_PAGE_CHECKSUMS}
 
 
 def file_statistics(

@@ -30,6 +30,7 @@ from pyiceberg.manifest import FileFormat
 from pyiceberg.table.metadata import TableMetadata
 
 from compactor.errors import DataFileError, file_error, first_line
+from compactor.iceberg.pyiceberg_compat import VERIFY_PAGE_CHECKSUMS
 
 if TYPE_CHECKING:
     from compactor.planning.planner import TaskInput
@@ -48,7 +49,7 @@ MAX_FILES_AHEAD = 8
 TINY_FILE_FACTOR = 256
 # Files whose footers are read and checked, then scanned, at a time (bounds cached footers).
 CHUNK_FILES = 128
-FORMAT = ds.ParquetFileFormat()
+FORMAT = ds.ParquetFileFormat(**VERIFY_PAGE_CHECKSUMS)
 _WIDTHS = {pa.large_string(): pa.string(), pa.large_binary(): pa.binary()}
 
 
