@@ -20,6 +20,7 @@ from helpers import live_data_files, live_delete_files, run_compaction
 from java_reader import JavaReader, java_read
 from java_writer import read_expected, write_cdc_table
 from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import BadRequestError
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 
@@ -300,3 +301,53 @@ def test_a_dv_overrides_position_delete_files_of_its_data_file_as_java_reads_it(
     read = java_read(after, [])
     assert read.current.rows == before.current.rows
     assert read.lineage() == before.lineage()
+
+
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        # pyiceberg's SQL catalog, applying the run's snapshot to the table as it is now.
+        ValueError(
+            "Cannot add a snapshot with first row id smaller than the table's next-row-id 15 < 20"
+        ),
+        # Iceberg's REST catalog server (HTTP 400).
+        BadRequestError(
+            "ValidationException: Cannot add a snapshot, first-row-id is behind table "
+            "next-row-id: 15 < 20"
+        ),
+    ],
+    ids=["sql", "rest"],
+)
+def test_a_v3_snapshot_refused_for_its_row_ids_is_retried(
+    catalog: Catalog,
+    tmp_path: Path,
+    java_reader: JavaReader,
+    monkeypatch: pytest.MonkeyPatch,
+    refusal: Exception,
+) -> None:
+    """Another branch's commit took the row ids the run's snapshot had chosen (pyiceberg cannot
+    write that commit to a v3 table here; the catalogs' refusal of it is given as they word it,
+    and nothing is applied). The run retries from the table's next-row-id."""
+    table, expected = _written(catalog, tmp_path, "dv")
+    lineage = java_read(table, []).lineage()
+    next_row_id = table.metadata.next_row_id
+    commit_table = catalog.commit_table
+    refused: list[Exception] = []
+
+    def refuse_once(committing: Table, requirements: tuple, updates: tuple):
+        if not refused:
+            refused.append(refusal)
+            raise refusal
+        return commit_table(committing, requirements, updates)
+
+    monkeypatch.setattr(catalog, "commit_table", refuse_once)
+    result, after = run_compaction(catalog, "db.dv")
+
+    assert refused and [c.attempts for c in result.commits] == [2]
+    snapshot = after.current_snapshot()
+    assert snapshot.snapshot_id == result.snapshot_ids[-1]
+    assert snapshot.first_row_id == next_row_id
+    assert after.metadata.next_row_id == next_row_id + snapshot.added_rows
+    read = java_read(after, [snapshot.snapshot_id])
+    assert read.current.rows == expected
+    assert read.lineage() == lineage

@@ -82,6 +82,10 @@ class CommitOutcome:
     attempts: int = 0
 
 
+# What catalogs say when they refuse a snapshot built on a table state that has moved on.
+STALE_SNAPSHOT_REFUSALS = ("sequence number", "first row id", "first-row-id")
+
+
 @dataclass
 class RetryPolicy:
     """Commit retries, from the table's ``commit.retry.*`` properties (Iceberg defaults)."""
@@ -544,10 +548,10 @@ def commit_on_branch(
                 table.catalog.commit_table(table, requirements, updates)
             except (ValueError, BadRequestError) as exc:
                 # The catalog applies the updates to the table as it is now and refuses a
-                # sequence number another branch's commit took meanwhile (pyiceberg's SQL
-                # catalog: ValueError; a REST server: 400 ValidationException). Nothing was
-                # written: retry as after any conflict.
-                if "sequence number" not in str(exc):
+                # sequence number or (format 3) row ids another branch's commit took meanwhile
+                # (pyiceberg's SQL catalog: ValueError; a REST server: 400 ValidationException).
+                # Nothing was written: retry as after any conflict.
+                if not any(stale in str(exc) for stale in STALE_SNAPSHOT_REFUSALS):
                     raise
                 raise CommitFailedException(first_line(exc)) from exc
         except CommitFailedException as exc:
