@@ -36,6 +36,8 @@ from pyiceberg.types import (
     TimestampType,
 )
 
+from compactor.daemon.scheduling import NOOP
+from compactor.daemon.service import compaction_outcome
 from compactor.options import MAX_OUTPUT_GROWTH
 from compactor.sizes import parse_size
 
@@ -259,6 +261,8 @@ def test_a_rewrite_that_grows_the_data_is_not_committed(catalog: Catalog) -> Non
     assert (grown["input_files"], grown["output_files"]) == (1, 1)
     assert grown["output_bytes"] > grown["input_bytes"] * (1 + MAX_OUTPUT_GROWTH)
     assert result.snapshot_ids == []
+    # For the daemon, nothing worth committing: not a conflict with a writer (no backoff).
+    assert compaction_outcome(result) == NOOP
     assert after.current_snapshot() == snapshot
     assert_same_rows(rows, scan_rows(after))
     assert list_files(local_path(after.location()) / "data") == files

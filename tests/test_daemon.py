@@ -283,6 +283,7 @@ def test_daemon_compacts_beside_a_writer_records_and_reports_it(setup: Setup) ->
     )
     assert succeeded + partial >= 2
     assert metrics[("compactor_rewritten_files_total", ())] >= first["input_files"]
+    assert ("compactor_grown_groups_total", ()) in metrics
     assert metrics[("compactor_run_duration_seconds_count", (("action", "compact"),))] >= 2
     assert ("compactor_table_small_files", (("table", WRITER_TABLE),)) in metrics
     assert ("compactor_queue_length", ()) in metrics

@@ -60,6 +60,12 @@ class DaemonMetrics:
             "File groups refused at commit because a concurrent commit touched their files.",
             registry=r,
         )
+        self.grown_groups = Counter(
+            "compactor_grown_groups",
+            "File groups rewritten but not committed: their output was larger than their input "
+            "and the rewrite gained nothing else.",
+            registry=r,
+        )
         self.duration = Histogram(
             "compactor_run_duration_seconds",
             "Run duration by action.",

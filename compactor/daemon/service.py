@@ -24,7 +24,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 
 from compactor.commit.inflight import LeaseHeldError
-from compactor.compaction import compact
+from compactor.compaction import RunResult, compact
 from compactor.daemon.config import DaemonConfig
 from compactor.daemon.fragmentation import FragmentationScanner, due_reasons
 from compactor.daemon.history import History, RunRow
@@ -499,13 +499,24 @@ class Daemon:
         self.metrics.rewritten_bytes.inc(row.input_bytes)
         self.metrics.added_files.inc(row.output_files)
         self.metrics.commit_conflicts.inc(row.conflicts)
+        self.metrics.grown_groups.inc(len(result.grown_groups))
         if result.snapshot_ids:  # show the table as it is now, not as it was before the run
             table.refresh()
             self._score(table, request.table, request.job, options, section)
-        if result.stopped:
-            return CANCELLED
-        if not result.plan.groups:
-            return NOOP
-        if result.snapshot_ids:
-            return PARTIAL if result.failures else SUCCEEDED
-        return FAILED if errors else CONFLICT
+        return compaction_outcome(result)
+
+
+def compaction_outcome(result: RunResult) -> str:
+    """What a compaction run comes to in the state file (and the backoff rules)."""
+    if result.stopped:
+        return CANCELLED
+    if not result.plan.groups:
+        return NOOP
+    if result.snapshot_ids:
+        return PARTIAL if result.failures else SUCCEEDED
+    if any(f.kind == "error" for f in result.failures):
+        return FAILED
+    if result.failures:
+        return CONFLICT
+    # Every group was rewritten and left uncommitted as not worth it (its output grew).
+    return NOOP
