@@ -18,6 +18,7 @@ from helpers import (
     compact_and_verify,
     live_data_files,
     read_data_file,
+    run_compaction,
     scan_rows,
     write_position_delete_file,
 )
@@ -28,6 +29,7 @@ from pyiceberg.table import Table
 from pyiceberg.types import IntegerType, LongType, NestedField, StringType
 
 from compactor.bench.sample import create_events_table
+from compactor.errors import DataFileError, UnreadableFileError
 from compactor.rewrite.bulk_read import BulkRead
 
 SCHEMA = Schema(
@@ -159,3 +161,29 @@ def test_consecutive_files_on_one_file_system_are_scanned_together(
 
     assert result.to_dict()["bulk_read_files"] == 5
     assert scans == [5]
+
+
+def test_a_bulk_scan_failing_for_no_one_file_fails_its_group_naming_the_files(
+    catalog: Catalog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scan of many files does not say which one failed: each is read again alone. When
+    none fails alone (the storage hiccuped), the group fails naming the run's files; no file is
+    taken for unreadable, nothing is committed."""
+    scan = BulkRead._scan
+
+    def failing(self: BulkRead, fragments: list) -> Iterator[pa.RecordBatch]:
+        yield from scan(self, fragments[:1])
+        raise OSError("AWS Error NETWORK_CONNECTION during GetObject operation: curlCode: 56")
+
+    monkeypatch.setattr(BulkRead, "_scan", failing)
+    table = _table(catalog, appends=5)
+    head, paths = table.current_snapshot(), sorted(live_data_files(table))
+
+    with pytest.raises(DataFileError, match="read together") as raised:
+        run_compaction(catalog, "db.t")
+
+    assert not isinstance(raised.value, UnreadableFileError)
+    message = str(raised.value)
+    assert sum(path in message for path in paths) == 3 and ", ..." in message  # 3 of the 5
+    assert "NETWORK_CONNECTION" in message
+    assert catalog.load_table("db.t").current_snapshot() == head
