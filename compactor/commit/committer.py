@@ -83,7 +83,11 @@ class CommitOutcome:
 
 
 # What catalogs say when they refuse a snapshot built on a table state that has moved on.
-STALE_SNAPSHOT_REFUSALS = ("sequence number", "first row id", "first-row-id")
+STALE_SNAPSHOT_REFUSALS = (
+    "older than last sequence number",  # pyiceberg, Iceberg Java (REST)
+    "first row id smaller than the table's next-row-id",  # pyiceberg, format 3
+    "first-row-id is behind table next-row-id",  # Iceberg Java (REST), format 3
+)
 
 
 @dataclass
