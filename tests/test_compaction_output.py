@@ -18,8 +18,10 @@ from helpers import (
     local_path,
     new_data_files,
     read_data_file,
+    read_varint,
     run_compaction,
     scan_rows,
+    unzigzag,
 )
 from pyiceberg.catalog import Catalog
 from pyiceberg.conversions import from_bytes
@@ -245,17 +247,6 @@ def test_compacting_small_appends_does_not_grow_the_data(catalog: Catalog) -> No
     }
 
 
-def _varint(data: bytes, at: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = data[at]
-        at += 1
-        value |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            return value, at
-
-
 def _thrift_value(data: bytes, at: int, kind: int) -> tuple[object, int]:
     """One value of Thrift's compact protocol (the types a Parquet page header uses)."""
     if kind in (1, 2):  # bool, in the field header
@@ -263,18 +254,18 @@ def _thrift_value(data: bytes, at: int, kind: int) -> tuple[object, int]:
     if kind == 3:
         return data[at], at + 1
     if kind in (4, 5, 6):  # zigzag varints
-        raw, at = _varint(data, at)
-        return (raw >> 1) ^ -(raw & 1), at
+        raw, at = read_varint(data, at)
+        return unzigzag(raw), at
     if kind == 7:
         return data[at : at + 8], at + 8
     if kind == 8:
-        size, at = _varint(data, at)
+        size, at = read_varint(data, at)
         return data[at : at + size], at + size
     if kind in (9, 10):
         size, item = data[at] >> 4, data[at] & 0x0F
         at += 1
         if size == 15:
-            size, at = _varint(data, at)
+            size, at = read_varint(data, at)
         items = []
         for _ in range(size):
             value, at = _thrift_value(data, at, item)
@@ -293,8 +284,8 @@ def _thrift_struct(data: bytes, at: int) -> tuple[dict[int, object], int]:
         if header >> 4:  # the delta from the previous field id
             field_id += header >> 4
         else:  # the id in full, a zigzag varint
-            raw, at = _varint(data, at)
-            field_id = (raw >> 1) ^ -(raw & 1)
+            raw, at = read_varint(data, at)
+            field_id = unzigzag(raw)
         fields[field_id], at = _thrift_value(data, at, header & 0x0F)
     return fields, at + 1
 

@@ -16,7 +16,14 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from helpers import commit_delete_files, live_data_files, run_compaction, write_equality_delete_file
+from helpers import (
+    commit_delete_files,
+    live_data_files,
+    read_varint,
+    run_compaction,
+    unzigzag,
+    write_equality_delete_file,
+)
 from java_reader import JavaReader, java_read
 from java_writer import read_expected, write_cdc_table
 from pyiceberg.avro.codecs import KNOWN_CODECS
@@ -229,14 +236,9 @@ def _write(
 
 
 def _varint(data: bytes, pos: int) -> tuple[int, int]:
-    shift = result = 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            return (result >> 1) ^ -(result & 1), pos
+    """An Avro long (zigzag-encoded) and the position after it."""
+    value, pos = read_varint(data, pos)
+    return unzigzag(value), pos
 
 
 def _container(path: Path) -> tuple[list[tuple[str, str]], list[tuple[int, bytes]]]:
