@@ -235,7 +235,7 @@ def rewrite_files(
     position deletes must equal each input file's record count (for files read in bulk,
     :mod:`compactor.rewrite.bulk_read`, their total). ``label`` names the group in errors;
     ``bulk_read=False`` reads every file through the Iceberg read path.
-    With ``clustering`` the rows are sorted (:mod:`compactor.rewrite.sorting`, in runs of
+    With ``clustering`` the rows are sorted (:mod:`compactor.rewrite.sorting`, in runs of half
     ``read_ahead`` bytes) before they are written. With ``repartition`` the inputs (of other
     specs) are written into ``out``'s spec, split by its partitions: sorted by them first.
     ``on_read`` is told (files, bytes) as inputs are read: after each file read each, after
@@ -256,7 +256,8 @@ def rewrite_files(
                 clustering,
                 out.metadata.schema(),
                 [f.data_file for f in inputs],
-                memory=read_ahead,
+                # A run being sorted and its sorted copy are held at once: half each.
+                memory=read_ahead // 2,
                 prefix=partition_order(out) if repartition else (),
                 between_batches=between_files,
             )

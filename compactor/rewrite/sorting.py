@@ -3,7 +3,7 @@
 Every row gets one binary key (:mod:`compactor.rewrite.sort_keys`) whose byte order is the
 order asked for. Rows are gathered into runs of at most ``memory`` bytes; each run is sorted in
 memory and, unless it is the only one, spilled to an LZ4-compressed Arrow IPC file in a
-temporary directory of its own (``$TMPDIR``: a quarter of the decoded size of TPC-DS
+temporary directory of its own (``$TMPDIR``: a sixth of the decoded size of TPC-DS
 store_sales, measured). Runs are then merged batch by batch, at most :func:`fan_in` at a time
 (in several passes when there are more), into the rolling Parquet writer, which cuts files at the target size: the files of a group hold
 consecutive, non-overlapping ranges of the sort key.
