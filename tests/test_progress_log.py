@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import io
 from types import SimpleNamespace
 from typing import Any
@@ -108,8 +107,9 @@ def test_progress_moves_while_a_group_reads_its_files(catalog: Catalog, bulk_rea
     table = catalog.create_table("db.t", pa.schema([("id", pa.int64())]))
     for start in range(0, 50, 10):
         table.append(pa.table({"id": pa.array(range(start, start + 10), pa.int64())}))
-    options = resolve_options("db.t", table.metadata.properties, **DEFAULT_OPTIONS)
-    options = dataclasses.replace(options, bulk_read=bulk_read)
+    options = resolve_options(
+        "db.t", table.metadata.properties, **{**DEFAULT_OPTIONS, "bulk_read": bulk_read}
+    )
     recorded = Recorded()
 
     result = compact(table, "db.t", options, progress=recorded)

@@ -5,8 +5,8 @@ order asked for. Rows are gathered into runs of at most ``memory`` bytes; each r
 memory and, unless it is the only one, spilled to an LZ4-compressed Arrow IPC file in a
 temporary directory of its own (``$TMPDIR``: a sixth of the decoded size of TPC-DS
 store_sales, measured). Runs are then merged batch by batch, at most :func:`fan_in` at a time
-(in several passes when there are more), into the rolling Parquet writer, which cuts files at the target size: the files of a group hold
-consecutive, non-overlapping ranges of the sort key.
+(in several passes when there are more), into the rolling Parquet writer, which cuts files at
+the target size: the files of a group hold consecutive, non-overlapping ranges of the sort key.
 
 Memory: the run being gathered and its sorted copy while reading (``2 * memory``), then, while
 merging, one batch of at most ``memory / (2 * fan_in)`` bytes per run and what is merged from

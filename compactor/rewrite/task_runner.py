@@ -84,10 +84,9 @@ def run_task(
     """Rewrite ``task``'s inputs into new data files and describe them; commits nothing.
 
     ``cancel`` is asked before the task starts, after each input file and, in a sorted group,
-    between the merged pieces it writes; ``on_read`` is told
-    (files, bytes) as inputs are read. On cancellation (:class:`TaskCancelled`) or any failure
-    the task deletes the files it wrote, then raises. Its intent file stays for the driver to
-    remove.
+    between the merged pieces it writes; ``on_read`` is told (files, bytes) as inputs are read.
+    On cancellation (:class:`TaskCancelled`) or any failure the task deletes the files it wrote,
+    then raises. Its intent file stays for the driver to remove.
     """
 
     def check() -> None:
