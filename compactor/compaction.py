@@ -22,6 +22,7 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -146,6 +147,13 @@ class RunResult:
     def committed_groups(self) -> list[FileGroup]:
         """The plan's groups that were committed, in commit order."""
         return [self.plan.group(r.task_id) for r in self.committed]
+
+    @property
+    def grown_inputs(self) -> frozenset[frozenset[str]]:
+        """The inputs of the groups left as they were because their rewrite grew, in this run
+        or (left out by the plan) in an earlier one: see ``compact``'s ``grown_before``."""
+        grown = [self.plan.group(g.group_id).inputs for g in self.grown_groups]
+        return frozenset([*grown, *self.plan.grown_before])
 
     @property
     def snapshot_ids(self) -> list[int]:
@@ -421,6 +429,7 @@ def compact(
     progress: Progress | None = None,
     stop: threading.Event | None = None,
     executor: Executor | None = None,
+    grown_before: Collection[frozenset[str]] = (),
 ) -> RunResult:
     """Compact ``table`` per ``options``; commits nothing when dry-run or nothing helps.
 
@@ -428,20 +437,20 @@ def compact(
     at the end; an executor given is the caller's to close). Raises
     :class:`compactor.commit.inflight.LeaseHeldError` when another live run holds the table. Setting
     ``stop`` ends the run early: no new group starts, running ones are abandoned at the next
-    file, finished ones are committed.
+    file, finished ones are committed. Groups whose inputs are in ``grown_before`` (a
+    previous run's :attr:`RunResult.grown_inputs`) are not rewritten again.
     """
     started = time.monotonic()
     run_id = new_run_id()
     if dry_run:
-        result = RunResult(
-            identifier, plan_rewrite(table, identifier, options), run_id, dry_run=True
-        )
+        plan = plan_rewrite(table, identifier, options, grown_before)
+        result = RunResult(identifier, plan, run_id, dry_run=True)
         result.duration_s = time.monotonic() - started
         return result
     owned = executor is None
     executor = executor or make_executor(options)
     try:
-        result = _run(table, identifier, options, run_id, executor, progress, stop)
+        result = _run(table, identifier, options, run_id, executor, progress, stop, grown_before)
     finally:
         if owned:
             executor.close()
@@ -457,12 +466,14 @@ def _run(
     executor: Executor,
     progress: Progress | None,
     stop: threading.Event | None,
+    grown_before: Collection[frozenset[str]],
 ) -> RunResult:
     lease = RunLease(table, run_id, options.lease_ttl_s)
     lease.acquire()
     undeleted: list[str] | None = []
     try:
-        result = RunResult(identifier, plan_rewrite(table, identifier, options), run_id)
+        plan = plan_rewrite(table, identifier, options, grown_before)
+        result = RunResult(identifier, plan, run_id)
         result.recovered_files = lease.recovered
         if result.plan.groups:
             if progress:

@@ -19,6 +19,9 @@ Points (see ``POINTS``):
   payload reaches the slot, then the signal, so that slot is left torn.
 - ``intent``: a task's intent file (``IntentLog.add``, before an output file is created) is
   being written: half of it reaches the slot, then the signal.
+- ``tick``: a daemon tick is about to score a table (``Daemon._request``). After a graceful
+  signal the tick goes on only once the drain is shutting the scheduler down (the scheduler
+  then holds its job-store lock, waiting for running ticks).
 
 With SIGKILL the process dies on the spot. After a graceful signal the hook waits until the
 signal handler has set its stop event (``run``'s, or the daemon's drain event), so what the run
@@ -37,7 +40,17 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-POINTS = ("open", "write", "close", "manifest-list", "commit", "committed", "record", "intent")
+POINTS = (
+    "open",
+    "write",
+    "close",
+    "manifest-list",
+    "commit",
+    "committed",
+    "record",
+    "intent",
+    "tick",
+)
 HOOK_MESSAGE = "crash_runner: {point} call {n}: sending {signal}"
 # Longest wait for the CLI's handler to take a graceful signal (it takes milliseconds).
 HANDLER_TIMEOUT_S = 120
@@ -120,12 +133,21 @@ class _TornTable:
         return getattr(self._table, name)
 
 
+def _held(lock: Any) -> bool:
+    """Whether another thread holds ``lock``."""
+    if lock.acquire(blocking=False):
+        lock.release()
+        return False
+    return True
+
+
 def _patch(owner: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
     setattr(owner, name, make(getattr(owner, name)))
 
 
 def install(point: str, n: int, signals: list[signal.Signals]) -> _Trigger:
     """Wrap the function of ``point`` so that its ``n``-th call sends ``signals``."""
+    from apscheduler.schedulers.base import STATE_STOPPED
     from pyiceberg.catalog.sql import SqlCatalog
 
     import compactor.cli.app
@@ -236,6 +258,21 @@ def install(point: str, n: int, signals: list[signal.Signals]) -> _Trigger:
 
         return hooked
 
+    def during_shutdown(real: Callable[..., Any]) -> Callable[..., Any]:
+        def hooked(self: compactor.daemon.service.Daemon, *args: Any, **kwargs: Any) -> Any:
+            if trigger.hit():
+                trigger.fire()
+                scheduler, waited = self._scheduler, threading.Event()
+                for _ in range(HANDLER_TIMEOUT_S * 100):
+                    if scheduler.state == STATE_STOPPED and _held(scheduler._jobstores_lock):
+                        break
+                    waited.wait(0.01)
+                else:
+                    raise RuntimeError("crash_runner: the drain did not shut the scheduler down")
+            return real(self, *args, **kwargs)
+
+        return hooked
+
     if point == "open":
         _patch(RollingParquetWriter, "_open_file", after)
     elif point == "write":
@@ -252,6 +289,8 @@ def install(point: str, n: int, signals: list[signal.Signals]) -> _Trigger:
         _patch(RunLease, "_write_locked", torn)
     elif point == "intent":
         _patch(IntentLog, "add", torn_intent)
+    elif point == "tick":
+        _patch(compactor.daemon.service.Daemon, "_request", during_shutdown)
     else:
         raise SystemExit(f"crash_runner: unknown point {point!r}; one of {', '.join(POINTS)}")
     return trigger

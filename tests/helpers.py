@@ -227,14 +227,19 @@ def assert_rows_match_partition(table: Table, data_file: DataFile) -> None:
 
 
 def run_compaction(
-    catalog: Catalog, identifier: str, *, dry_run: bool = False, **overrides: Any
+    catalog: Catalog,
+    identifier: str,
+    *,
+    dry_run: bool = False,
+    grown_before: frozenset[frozenset[str]] = frozenset(),
+    **overrides: Any,
 ) -> tuple[RunResult, Table]:
     """Compact ``identifier`` with the suite's small defaults (overridable); reload the table."""
     table = catalog.load_table(identifier)
     opts = resolve_options(
         identifier, table.metadata.properties, **{**DEFAULT_OPTIONS, **overrides}
     )
-    result = compact(table, identifier, opts, dry_run=dry_run)
+    result = compact(table, identifier, opts, dry_run=dry_run, grown_before=grown_before)
     return result, catalog.load_table(identifier)
 
 

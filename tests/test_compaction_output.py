@@ -345,6 +345,41 @@ def test_a_rewrite_that_grows_the_data_is_not_committed(catalog: Catalog) -> Non
     assert list_files(local_path(after.location()) / "data") == files
 
 
+def test_a_group_that_grew_is_not_rewritten_again_until_its_inputs_change(
+    catalog: Catalog,
+) -> None:
+    """Given a run's grown groups (as the daemon passes them on), the next run leaves the same
+    files alone instead of rewriting them to grow again; once a file joins, the group is
+    rewritten (and here committed: two files became one)."""
+    table = catalog.create_table("db.t", EVENTS)
+    _append_events(table, appends=1)
+    with table.transaction() as tx:
+        tx.set_properties({"write.parquet.compression-codec": "uncompressed"})
+    first, table = run_compaction(catalog, "db.t", rewrite_all=True)
+    assert len(first.grown_groups) == 1
+    files = list_files(local_path(table.location()) / "data")
+
+    again, table = run_compaction(
+        catalog, "db.t", rewrite_all=True, grown_before=first.grown_inputs
+    )
+
+    assert (again.plan.groups, again.grown_groups, again.snapshot_ids) == ([], [], [])
+    assert again.plan.skipped == {"groups_that_grew_when_last_rewritten": 1}
+    assert again.grown_inputs == first.grown_inputs  # still remembered for the run after
+    assert compaction_outcome(again) == NOOP
+    assert list_files(local_path(table.location()) / "data") == files  # nothing was written
+
+    _append_events(table, appends=1)
+    rows = scan_rows(catalog.load_table("db.t"))
+    joined, table = run_compaction(
+        catalog, "db.t", rewrite_all=True, grown_before=first.grown_inputs
+    )
+
+    assert [len(g.files) for g in joined.plan.groups] == [2]
+    assert len(joined.snapshot_ids) == 1 and joined.grown_inputs == frozenset()
+    assert_same_rows(rows, scan_rows(table))
+
+
 def test_a_rewrite_that_grows_but_merges_many_files_is_committed(catalog: Catalog) -> None:
     """Growth is accepted in exchange for at least halving the file count."""
     table = catalog.create_table("db.t", EVENTS)

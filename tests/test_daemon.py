@@ -335,6 +335,17 @@ def test_sigterm_during_a_run_drains_and_leaves_nothing_behind(setup: Setup) -> 
     )
 
 
+def test_sigterm_while_a_tick_scores_a_table_stops_the_daemon(setup: Setup) -> None:
+    """The drain waits for a running tick; that tick then must not wait for the scheduler the
+    drain is shutting down (it did, reading the next schedules: the daemon hung until killed)."""
+    create_events_table(setup.catalog, "db.events", commits=2, rows_per_commit=100, days=1)
+    setup.job("scores", COMPACT_EVERY_SECOND)
+    daemon = setup.start(sys.executable, str(CRASH_RUNNER), "tick", "1", "SIGTERM", "--")
+    assert daemon.process.wait(timeout=EXIT_TIMEOUT_S) == 0, "".join(daemon.lines)
+    assert any("crash_runner: tick call 1" in line for line in daemon.lines)
+    assert '"daemon_stopped"' in daemon.lines[-1]
+
+
 def test_a_killed_daemon_is_picked_up_by_the_next_one(setup: Setup) -> None:
     table = create_events_table(setup.catalog, "db.events", commits=12, rows_per_commit=300, days=3)
     rows = scan_rows(table)
@@ -441,6 +452,32 @@ def test_a_table_target_outside_the_range_is_warned_about_and_still_compacted(
     assert sum('"setting_replaced"' in line for line in daemon.lines) == 1, daemon.lines
     assert not any('"scan_failed"' in line for line in daemon.lines)
     assert finished["outcome"] == "succeeded", finished
+
+
+def test_groups_whose_rewrite_grew_are_not_rewritten_at_every_cooldown(setup: Setup) -> None:
+    """Files that grow when rewritten (zstd files in a table now set to uncompressed, three
+    files to a partition that would come out as more) are rewritten once; the runs after leave
+    them alone while they and the settings stay."""
+    table = create_events_table(setup.catalog, "db.grows", commits=3, rows_per_commit=60_000, days=1)
+    with table.transaction() as transaction:
+        transaction.set_properties({"write.parquet.compression-codec": "uncompressed"})
+    snapshot = setup.catalog.load_table("db.grows").current_snapshot()
+    setup.job(
+        "grows",
+        COMPACT_EVERY_SECOND.replace('"db.*"', '"db.grows"')
+        + 'target_file_size = "512KiB"\nallow_small_target = true\n',
+    )
+    daemon = setup.start()
+    try:
+        runs = [daemon.run_finished("db.grows") for _ in range(3)]
+        metrics = daemon.metrics()
+    finally:
+        assert daemon.terminate() == 0, "".join(daemon.lines)
+    assert [r["outcome"] for r in runs] == ["noop"] * 3, runs
+    grew = [line for line in daemon.lines if "its rewrite grew" in line]
+    assert len(grew) == 4, daemon.lines  # one group per (day, region) partition, in one run
+    assert metrics[("compactor_grown_groups_total", ())] == 4
+    assert setup.catalog.load_table("db.grows").current_snapshot() == snapshot
 
 
 def test_cron_schedules_wait_for_their_time_and_every_schedules_start_at_once(

@@ -110,6 +110,9 @@ class Daemon:
         self._tick_failures: dict[tuple[str, str], tuple[int, str | None]] = {}
         # (job, table) -> the settings warnings last logged for it: logged again only on change.
         self._warned: dict[tuple[str, str], tuple[str, ...]] = {}
+        # (job, table) -> the inputs of groups whose rewrite grew, and the settings (options,
+        # table properties) they grew under: not rewritten again until either changes.
+        self._grown: dict[tuple[str, str], tuple[Any, frozenset[frozenset[str]]]] = {}
         self._runs = ThreadPoolExecutor(section.max_concurrent_runs, thread_name_prefix="run")
         self._scheduler = BackgroundScheduler(
             timezone=UTC,
@@ -164,8 +167,8 @@ class Daemon:
 
     def drain(self) -> None:
         """Start nothing new; let running runs finish or abandon their group; close everything."""
-        self.stopping.set()
-        with self._lock:
+        with self._lock:  # after a tick reading the schedules: see _record_schedules
+            self.stopping.set()
             self.policy.close()
             running = [r.table for r in self.policy.running]
         log.info("draining", extra={"event": "draining", "running": running})
@@ -350,13 +353,22 @@ class Daemon:
         return reasons, fragmentation.score
 
     def _record_schedules(self) -> None:
+        """Record each schedule's next tick, unless draining.
+
+        A drain shuts the scheduler down holding the scheduler's job-store lock while it waits
+        for running ticks, so a tick must not ask the scheduler anything once the drain began:
+        the check and the question are made under the lock the drain takes to begin.
+        """
+        with self._lock:
+            if self.stopping.is_set():
+                return
+            scheduled = self._scheduler.get_jobs()
         next_runs = {}
-        for scheduled in self._scheduler.get_jobs():
-            job_name, _, action = scheduled.id.partition(":")
-            when = scheduled.next_run_time
+        for job in scheduled:
+            job_name, _, action = job.id.partition(":")
+            when = job.next_run_time
             next_runs[(job_name, action)] = when.timestamp() if when else None
-        if not self.stopping.is_set():
-            self.history.record_schedules(next_runs)
+        self.history.record_schedules(next_runs)
 
     # --- runs ----------------------------------------------------------------------------------
 
@@ -485,7 +497,20 @@ class Daemon:
     ) -> str:
         """Compact the table; the outcome."""
         progress = ProgressLog(request.table, _log_progress, self.progress_interval_s)
-        result = compact(table, request.table, options, progress=progress, stop=self.stopping)
+        key, settings = (request.job, request.table), (options, table.metadata.properties)
+        known_settings, grown_before = self._grown.get(key, (None, frozenset()))
+        result = compact(
+            table,
+            request.table,
+            options,
+            progress=progress,
+            stop=self.stopping,
+            grown_before=grown_before if known_settings == settings else frozenset(),
+        )
+        if result.grown_inputs:
+            self._grown[key] = (settings, result.grown_inputs)
+        else:
+            self._grown.pop(key, None)
         data = result.to_dict()
         row.input_files, row.input_bytes = data["rewritten_files"], data["rewritten_bytes"]
         row.output_files, row.output_bytes = data["added_files"], data["added_bytes"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -119,6 +119,11 @@ class FileGroup:
     def expected_output_files(self) -> int:
         return max(1, math.ceil(self.input_bytes / self.target_file_size))
 
+    @property
+    def inputs(self) -> frozenset[str]:
+        """What the group reads: its data files and the delete files that apply to them."""
+        return frozenset(f.path for f in self.files) | frozenset(self.delete_files)
+
     def summary(self) -> dict[str, Any]:
         return {
             "group_id": self.group_id,
@@ -157,6 +162,8 @@ class Plan:
     skipped: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     # The order each group's rows are written in (strategy sort or zorder); None: bin-pack.
     clustering: Clustering | None = None
+    # The inputs of groups left out because the same inputs grew when last rewritten.
+    grown_before: list[frozenset[str]] = field(default_factory=list)
 
     @property
     def input_files(self) -> int:
@@ -371,8 +378,17 @@ def _output_spec_id(
     return wanted
 
 
-def plan_rewrite(table: Table, identifier: str, options: RewriteOptions) -> Plan:
-    """Plan the rewrite of the head of ``table``'s branch (``options.branch``, main by default)."""
+def plan_rewrite(
+    table: Table,
+    identifier: str,
+    options: RewriteOptions,
+    grown_before: Collection[frozenset[str]] = (),
+) -> Plan:
+    """Plan the rewrite of the head of ``table``'s branch (``options.branch``, main by default).
+
+    A group whose :attr:`FileGroup.inputs` are in ``grown_before`` (groups whose rewrite grew
+    in an earlier run) is left out: rewriting the same files the same way would grow again.
+    """
     metadata = table.metadata
     row_filter = parse_where(table, options.where)
     snapshot = branch_head(table, identifier, options.branch)
@@ -489,6 +505,11 @@ def plan_rewrite(table: Table, identifier: str, options: RewriteOptions) -> Plan
 
     if plan.clustering is None:  # a sorted group is one sorted run: it is never cut
         groups = _split_for_idle_workers(groups, options)
+    if grown_before:
+        plan.grown_before = [g.inputs for g in groups if g.inputs in grown_before]
+        groups = [g for g in groups if g.inputs not in grown_before]
+        if plan.grown_before:
+            plan.skipped["groups_that_grew_when_last_rewritten"] += len(plan.grown_before)
     groups.sort(key=_JOB_ORDERS[options.rewrite_job_order])
     if options.max_files_to_rewrite is not None:
         groups = _within_max_files(groups, options.max_files_to_rewrite, plan)
