@@ -458,7 +458,9 @@ def test_groups_whose_rewrite_grew_are_not_rewritten_at_every_cooldown(setup: Se
     """Files that grow when rewritten (zstd files in a table now set to uncompressed, three
     files to a partition that would come out as more) are rewritten once; the runs after leave
     them alone while they and the settings stay."""
-    table = create_events_table(setup.catalog, "db.grows", commits=3, rows_per_commit=60_000, days=1)
+    table = create_events_table(
+        setup.catalog, "db.grows", commits=3, rows_per_commit=60_000, days=1
+    )
     with table.transaction() as transaction:
         transaction.set_properties({"write.parquet.compression-codec": "uncompressed"})
     snapshot = setup.catalog.load_table("db.grows").current_snapshot()

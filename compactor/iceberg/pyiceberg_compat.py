@@ -80,6 +80,7 @@ from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.typedef import IcebergBaseModel, Record
 from pyiceberg.types import IntegerType, ListType, LongType, MapType, NestedField, StructType
 
+from compactor.iceberg.interop import refuse_fixed_partitions
 from compactor.iceberg.manifest_avro import write_manifest
 
 __all__ = [
@@ -502,6 +503,7 @@ _REFERENCED_DATA_FILE = _V3_DATA_FILE_FIELDS.index("referenced_data_file")
 _CONTENT_OFFSET = _V3_DATA_FILE_FIELDS.index("content_offset")
 _CONTENT_SIZE = _V3_DATA_FILE_FIELDS.index("content_size_in_bytes")
 _MANIFEST_FIRST_ROW_ID = _V3_MANIFEST_FIELDS.index("first_row_id")
+_PARTITION_FIELD_ID = 102  # data_file.partition in a manifest entry
 # A deletion-vector-v1 blob: length (4 bytes, big-endian), magic, the bitmap, CRC-32 (big-endian).
 DV_MAGIC = bytes([0xD1, 0xD3, 0x39, 0x64])
 
@@ -595,6 +597,9 @@ class _CachedReaderAvroFile(AvroFile[Any]):
             resolved = self._resolved.get(key)
         if resolved is None:
             schema = self.header.get_schema()
+            partition = schema.find_field(_PARTITION_FIELD_ID).field_type
+            assert isinstance(partition, StructType)
+            refuse_fixed_partitions(partition, f"manifest {self.input_file.location}")
             reader = resolve_reader(
                 schema, self.read_schema or schema, self.read_types, self.read_enums
             )

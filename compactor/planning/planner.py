@@ -36,6 +36,7 @@ from pyiceberg.transforms import VoidTransform
 from pyiceberg.typedef import Record
 
 from compactor.errors import UsageError, first_line
+from compactor.iceberg.interop import refuse_fixed_partitions
 from compactor.iceberg.pyiceberg_compat import (
     POSITION_DELETE_FILE_PATH_ID,
     DeleteFileIndex,
@@ -375,6 +376,9 @@ def _output_spec_id(
             f"(specs: {known}; current: {metadata.default_spec_id})",
             "output_spec_id",
         )
+    if wanted is not None:
+        partition_type = metadata.specs()[wanted].partition_type(metadata.schema())
+        refuse_fixed_partitions(partition_type, f"table {identifier}: output_spec_id {wanted}")
     return wanted
 
 
