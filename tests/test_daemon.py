@@ -457,7 +457,8 @@ def test_a_table_target_outside_the_range_is_warned_about_and_still_compacted(
 def test_groups_whose_rewrite_grew_are_not_rewritten_at_every_cooldown(setup: Setup) -> None:
     """Files that grow when rewritten (zstd files in a table now set to uncompressed, three
     files to a partition that would come out as more) are rewritten once; the runs after leave
-    them alone while they and the settings stay."""
+    them alone while they and the settings stay, after a restart too (the state file keeps
+    them)."""
     table = create_events_table(
         setup.catalog, "db.grows", commits=3, rows_per_commit=60_000, days=1
     )
@@ -475,9 +476,14 @@ def test_groups_whose_rewrite_grew_are_not_rewritten_at_every_cooldown(setup: Se
         metrics = daemon.metrics()
     finally:
         assert daemon.terminate() == 0, "".join(daemon.lines)
-    assert [r["outcome"] for r in runs] == ["noop"] * 3, runs
-    grew = [line for line in daemon.lines if "its rewrite grew" in line]
-    assert len(grew) == 4, daemon.lines  # one group per (day, region) partition, in one run
+    restarted = setup.start()
+    try:
+        runs.append(restarted.run_finished("db.grows"))
+    finally:
+        assert restarted.terminate() == 0, "".join(restarted.lines)
+    assert [r["outcome"] for r in runs] == ["noop"] * 4, runs
+    grew = [line for line in daemon.lines + restarted.lines if "its rewrite grew" in line]
+    assert len(grew) == 4, grew  # one group per (day, region) partition, in the first run
     assert metrics[("compactor_grown_groups_total", ())] == 4
     assert setup.catalog.load_table("db.grows").current_snapshot() == snapshot
 

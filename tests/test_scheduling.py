@@ -771,3 +771,21 @@ def test_rescanning_the_same_snapshot_under_another_section_uses_that_section(
 
     assert found.small_files == 6
     assert due_reasons(found, min_small_files=1) != []
+
+
+def test_grown_groups_are_remembered_per_job_table_and_settings(tmp_path: Path) -> None:
+    """The state file keeps the inputs of groups that grew, for the same settings only."""
+    history = History(tmp_path / "state.db")
+    grown = frozenset({frozenset({"s3://b/t/data/a.parquet", "s3://b/t/data/b.parquet"})})
+    history.record_grown_groups("job", "db.t", "settings-1", grown)
+
+    reopened = History(tmp_path / "state.db")
+    assert reopened.grown_groups("job", "db.t", "settings-1") == grown
+    assert reopened.grown_groups("job", "db.t", "settings-2") == frozenset()  # a codec changed
+    assert reopened.grown_groups("other", "db.t", "settings-1") == frozenset()
+    reopened.forget_grown_groups({"other"})  # "job" is no longer configured
+    assert reopened.grown_groups("job", "db.t", "settings-1") == frozenset()
+
+    history.record_grown_groups("job", "db.t", "settings-1", grown)
+    history.record_grown_groups("job", "db.t", "settings-1", frozenset())  # none grew this time
+    assert history.grown_groups("job", "db.t", "settings-1") == frozenset()

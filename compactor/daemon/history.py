@@ -52,6 +52,13 @@ CREATE TABLE IF NOT EXISTS schedules (
     next_run_at REAL,
     PRIMARY KEY (job, action)
 );
+CREATE TABLE IF NOT EXISTS grown_groups (
+    job TEXT NOT NULL,
+    table_name TEXT NOT NULL,
+    settings TEXT NOT NULL,
+    inputs TEXT NOT NULL,
+    PRIMARY KEY (job, table_name)
+);
 CREATE TABLE IF NOT EXISTS ticks (
     job TEXT NOT NULL,
     action TEXT NOT NULL,
@@ -252,6 +259,38 @@ class History:
                         "DELETE FROM ticks WHERE job = ? AND action = ?",
                         (row["job"], row["action"]),
                     )
+
+    def record_grown_groups(
+        self, job: str, table_name: str, settings: str, inputs: frozenset[frozenset[str]]
+    ) -> None:
+        """Remember the inputs of ``table_name``'s groups whose rewrite grew under ``settings``
+        (forget them when there are none)."""
+        with self._tx() as db:
+            db.execute(
+                "DELETE FROM grown_groups WHERE job = ? AND table_name = ?", (job, table_name)
+            )
+            if inputs:
+                listed = sorted(sorted(group) for group in inputs)
+                db.execute(
+                    "INSERT INTO grown_groups VALUES (?, ?, ?, ?)",
+                    (job, table_name, settings, json.dumps(listed)),
+                )
+
+    def grown_groups(self, job: str, table_name: str, settings: str) -> frozenset[frozenset[str]]:
+        """The inputs :meth:`record_grown_groups` remembered under the same ``settings``."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT inputs FROM grown_groups WHERE job = ? AND table_name = ? AND settings = ?",
+                (job, table_name, settings),
+            ).fetchone()
+        return frozenset(frozenset(g) for g in json.loads(row["inputs"])) if row else frozenset()
+
+    def forget_grown_groups(self, keep_jobs: set[str]) -> None:
+        """Drop what jobs no longer configured remembered."""
+        with self._tx() as db:
+            for row in db.execute("SELECT DISTINCT job FROM grown_groups").fetchall():
+                if row["job"] not in keep_jobs:
+                    db.execute("DELETE FROM grown_groups WHERE job = ?", (row["job"],))
 
     def ticks(self) -> list[dict[str, Any]]:
         """The last tick of every (job, action): when, failures in a row, last success, error."""

@@ -10,6 +10,7 @@ happens is written to the state file (:mod:`compactor.daemon.history`), counted 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
@@ -110,9 +111,6 @@ class Daemon:
         self._tick_failures: dict[tuple[str, str], tuple[int, str | None]] = {}
         # (job, table) -> the settings warnings last logged for it: logged again only on change.
         self._warned: dict[tuple[str, str], tuple[str, ...]] = {}
-        # (job, table) -> the inputs of groups whose rewrite grew, and the settings (options,
-        # table properties) they grew under: not rewritten again until either changes.
-        self._grown: dict[tuple[str, str], tuple[Any, frozenset[frozenset[str]]]] = {}
         self._runs = ThreadPoolExecutor(section.max_concurrent_runs, thread_name_prefix="run")
         self._scheduler = BackgroundScheduler(
             timezone=UTC,
@@ -135,6 +133,7 @@ class Daemon:
             }
         )
         self._restore_ticks()
+        self.history.forget_grown_groups({job.name for job in self.jobs})
         listen = self.config.listen
         if listen:
             self.server = MetricsServer(listen, self.metrics, self._health)
@@ -497,20 +496,18 @@ class Daemon:
     ) -> str:
         """Compact the table; the outcome."""
         progress = ProgressLog(request.table, _log_progress, self.progress_interval_s)
-        key, settings = (request.job, request.table), (options, table.metadata.properties)
-        known_settings, grown_before = self._grown.get(key, (None, frozenset()))
+        # Groups whose rewrite grew are not rewritten again while their inputs and settings stay.
+        settings = _growth_settings(options, table.metadata.properties)
+        grown_before = self.history.grown_groups(request.job, request.table, settings)
         result = compact(
             table,
             request.table,
             options,
             progress=progress,
             stop=self.stopping,
-            grown_before=grown_before if known_settings == settings else frozenset(),
+            grown_before=grown_before,
         )
-        if result.grown_inputs:
-            self._grown[key] = (settings, result.grown_inputs)
-        else:
-            self._grown.pop(key, None)
+        self.history.record_grown_groups(request.job, request.table, settings, result.grown_inputs)
         data = result.to_dict()
         row.input_files, row.input_bytes = data["rewritten_files"], data["rewritten_bytes"]
         row.output_files, row.output_bytes = data["added_files"], data["added_bytes"]
@@ -529,6 +526,13 @@ class Daemon:
             table.refresh()
             self._score(table, request.table, request.job, options, section)
         return compaction_outcome(result)
+
+
+def _growth_settings(options: RewriteOptions, properties: dict[str, str]) -> str:
+    """What a rewrite's size depends on besides its inputs, as a key: the run's options and the
+    table's properties (codec, level, row-group size...)."""
+    text = repr((options, sorted(properties.items())))
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def compaction_outcome(result: RunResult) -> str:
