@@ -122,3 +122,31 @@ def test_progress_moves_while_a_group_reads_its_files(catalog: Catalog, bulk_rea
     else:  # each file as it is read, then the group's end
         assert recorded.advances == [(1, size) for size in sizes] + [(0, 0)]
     assert recorded.plan.input_bytes == sum(sizes)
+
+
+@pytest.mark.parametrize("bulk_read", [False, True])
+def test_a_sorted_group_is_half_done_when_read_and_done_when_written(
+    catalog: Catalog, bulk_read: bool
+) -> None:
+    """A sort reads every input before it writes a row: its progress must not stand at 100%
+    through the merge. Reading counts half the bytes, writing the sorted rows the rest."""
+    table = catalog.create_table("db.t", pa.schema([("id", pa.int64())]))
+    for start in range(0, 5000, 1000):
+        ids = pa.array(reversed(range(start, start + 1000)), pa.int64())
+        table.append(pa.table({"id": ids}))
+    options = resolve_options(
+        "db.t",
+        table.metadata.properties,
+        **{**DEFAULT_OPTIONS, "bulk_read": bulk_read, "strategy": "sort", "sort_order": "id"},
+    )
+    recorded = Recorded()
+
+    result = compact(table, "db.t", options, progress=recorded)
+
+    assert result.to_dict()["rewritten_files"] == 5
+    total = recorded.plan.input_bytes
+    read = [size for files, size in recorded.advances if files > 0]
+    written = [size for files, size in recorded.advances if files == 0 and size > 0]
+    assert sum(files for files, _ in recorded.advances) == 5
+    assert 0 < sum(read) <= total / 2  # all read, half done: the merge is still to come
+    assert written and sum(read) + sum(written) == total  # done once the rows are written

@@ -212,6 +212,30 @@ def _ignore(files: int, size: int) -> None:
     """No one asked for progress."""
 
 
+class _WrittenShare:
+    """Progress of a sorted group: half of each input's bytes when it is read (``reading``),
+    the rest of the group's bytes in proportion to the rows written (``rows``), which starts
+    once every input was read."""
+
+    def __init__(self, inputs: Sequence[TaskInput], tell: Callable[[int, int], None]) -> None:
+        self._tell = tell
+        self._bytes = sum(f.size for f in inputs)
+        self._rows = max(sum(f.data_file.record_count for f in inputs), 1)
+        self._read = self._written_rows = self._written = 0
+
+    def reading(self, files: int, size: int) -> None:
+        self._read += size // 2
+        self._tell(files, size // 2)
+
+    def rows(self, count: int) -> None:
+        rest = self._bytes - self._read
+        self._written_rows += count
+        share = min(rest * self._written_rows // self._rows, rest)
+        if share > self._written:
+            self._tell(0, share - self._written)
+            self._written = share
+
+
 def rewrite_files(
     inputs: Sequence[TaskInput],
     out: OutputSpec,
@@ -239,9 +263,13 @@ def rewrite_files(
     ``read_ahead`` bytes) before they are written. With ``repartition`` the inputs (of other
     specs) are written into ``out``'s spec, split by its partitions: sorted by them first.
     ``on_read`` is told (files, bytes) as inputs are read: after each file read each, after
-    each run read in bulk.
+    each run read in bulk. A sorted group's inputs count half their bytes as they are read and
+    the other half as the sorted rows are written (files 0), so that its progress does not
+    stand at 100% through the merge.
     """
     read = on_read or _ignore
+    sorting = clustering is not None or repartition
+    written = _WrittenShare(inputs, read)
     writer: RollingParquetWriter | PartitioningWriter = (
         PartitioningWriter(out, on_create=on_file_created)
         if repartition
@@ -250,7 +278,8 @@ def rewrite_files(
     sink: RollingParquetWriter | PartitioningWriter | SortingWriter = writer
     result = Rewritten()
     try:
-        if clustering is not None or repartition:
+        if sorting:
+            read = written.reading
             sink = SortingWriter(
                 writer,
                 clustering,
@@ -260,6 +289,7 @@ def rewrite_files(
                 memory=read_ahead // 2,
                 prefix=partition_order(out) if repartition else (),
                 between_batches=between_files,
+                on_written=written.rows,
             )
         positions = _positions_by_file(out.io, inputs)
         reader = _OrderedReader(

@@ -111,10 +111,12 @@ class SortingWriter:
         memory: int,
         prefix: Sequence[SortField] = (),
         between_batches: Callable[[], None] = lambda: None,
+        on_written: Callable[[int], None] = lambda rows: None,
     ) -> None:
         self._writer, self._memory = writer, memory
         # Asked before each merged table is spilled or written (it raises to stop).
         self._check = between_batches
+        self._on_written = on_written  # told the rows of each batch written to ``writer``
         self._keys = SortKeys(
             clustering, schema, field_positions(writer.arrow_schema), inputs, prefix=prefix
         )
@@ -208,6 +210,7 @@ class SortingWriter:
             self._check()
             for batch in table.drop_columns([KEY]).to_batches():
                 self._writer.write(batch)
+                self._on_written(batch.num_rows)
 
     def _release(self) -> None:
         self._pending = []
