@@ -305,7 +305,7 @@ def test_entries_read_back_as_written_and_as_pyiceberg_wrote_them(
     tmp_path: Path, version: int, content: ManifestContent, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # SPEC has a fixed partition field, encoded as the Avro spec says; compactor refuses tables
-    # partitioned on a fixed column (tests/test_unsupported_partitions.py), not this encoding.
+    # partitioned on a fixed column (tests/test_fixed_partitions.py), not this encoding.
     monkeypatch.setattr(pyiceberg_compat, "refuse_fixed_partitions", lambda *_: None)
     io = PyArrowFileIO()
     entries = _entries(600, version, content)

@@ -150,3 +150,4 @@ def test_a_sorted_group_is_half_done_when_read_and_done_when_written(
     assert sum(files for files, _ in recorded.advances) == 5
     assert 0 < sum(read) <= total / 2  # all read, half done: the merge is still to come
     assert written and sum(read) + sum(written) == total  # done once the rows are written
+    assert recorded.advances[-1] == (0, 0)  # told as the rows were written, not at the end

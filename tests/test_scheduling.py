@@ -43,7 +43,8 @@ from compactor.daemon.scheduling import (
     Request,
     RunPolicy,
 )
-from compactor.options import MIN_FILE_SIZE_RATIO
+from compactor.daemon.service import _growth_settings
+from compactor.options import MIN_FILE_SIZE_RATIO, resolve_options
 from compactor.planning.health import table_health
 
 MiB = 1 << 20
@@ -789,3 +790,14 @@ def test_grown_groups_are_remembered_per_job_table_and_settings(tmp_path: Path) 
     history.record_grown_groups("job", "db.t", "settings-1", grown)
     history.record_grown_groups("job", "db.t", "settings-1", frozenset())  # none grew this time
     assert history.grown_groups("job", "db.t", "settings-1") == frozenset()
+
+
+def test_the_settings_groups_grew_under_change_with_the_options_and_the_table_properties() -> None:
+    """A codec set on the table, or another target, makes grown groups candidates again."""
+    codec = "write.parquet.compression-codec"
+    options = resolve_options("db.t", {})
+    zstd = _growth_settings(options, {codec: "zstd", "owner": "etl"})
+    assert _growth_settings(options, {"owner": "etl", codec: "zstd"}) == zstd
+    assert _growth_settings(options, {codec: "uncompressed", "owner": "etl"}) != zstd
+    other_target = resolve_options("db.t", {}, target_file_size="256MiB")
+    assert _growth_settings(other_target, {codec: "zstd", "owner": "etl"}) != zstd

@@ -514,7 +514,7 @@ class Daemon:
         row.snapshot_ids = data["snapshot_ids"]
         row.conflicts = sum(1 for f in result.failures if f.kind == "conflict")
         row.skipped_files = data["skipped_files"]
-        errors = [f for f in result.failures if f.kind == "error"]
+        errors = result.errors
         if errors:
             row.error = f"group {errors[0].group_id}: {errors[0].reason}"
         self.metrics.rewritten_files.inc(row.input_files)
@@ -543,7 +543,7 @@ def compaction_outcome(result: RunResult) -> str:
         return NOOP
     if result.snapshot_ids:
         return PARTIAL if result.failures else SUCCEEDED
-    if any(f.kind == "error" for f in result.failures):
+    if result.errors:
         return FAILED
     if result.failures:
         return CONFLICT

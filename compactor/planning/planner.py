@@ -510,8 +510,9 @@ def plan_rewrite(
     if plan.clustering is None:  # a sorted group is one sorted run: it is never cut
         groups = _split_for_idle_workers(groups, options)
     if grown_before:
-        plan.grown_before = [g.inputs for g in groups if g.inputs in grown_before]
-        groups = [g for g in groups if g.inputs not in grown_before]
+        inputs = [(g, g.inputs) for g in groups]
+        plan.grown_before = [i for _, i in inputs if i in grown_before]
+        groups = [g for g, i in inputs if i not in grown_before]
         if plan.grown_before:
             plan.skipped["groups_that_grew_when_last_rewritten"] += len(plan.grown_before)
     groups.sort(key=_JOB_ORDERS[options.rewrite_job_order])

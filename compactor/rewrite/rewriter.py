@@ -268,8 +268,6 @@ def rewrite_files(
     stand at 100% through the merge.
     """
     read = on_read or _ignore
-    sorting = clustering is not None or repartition
-    written = _WrittenShare(inputs, read)
     writer: RollingParquetWriter | PartitioningWriter = (
         PartitioningWriter(out, on_create=on_file_created)
         if repartition
@@ -278,8 +276,9 @@ def rewrite_files(
     sink: RollingParquetWriter | PartitioningWriter | SortingWriter = writer
     result = Rewritten()
     try:
-        if sorting:
-            read = written.reading
+        if clustering is not None or repartition:
+            share = _WrittenShare(inputs, read)
+            read = share.reading
             sink = SortingWriter(
                 writer,
                 clustering,
@@ -289,7 +288,7 @@ def rewrite_files(
                 memory=read_ahead // 2,
                 prefix=partition_order(out) if repartition else (),
                 between_batches=between_files,
-                on_written=written.rows,
+                on_written=share.rows,
             )
         positions = _positions_by_file(out.io, inputs)
         reader = _OrderedReader(
