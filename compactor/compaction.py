@@ -31,9 +31,10 @@ from pyiceberg.table.snapshots import ancestors_of
 
 from compactor import __version__
 from compactor.commit.committer import CommitOutcome, commit_replace
-from compactor.commit.inflight import RunLease, remove_run_files
+from compactor.commit.inflight import PendingCommit, RunLease, remove_run_files
 from compactor.errors import (
     CommitConflictError,
+    CommitStateUnknownError,
     CompactorError,
     UnreadableFileError,
     first_line,
@@ -134,6 +135,8 @@ class RunResult:
     skipped_files: list[SkippedFile] = field(default_factory=list)
     grown_groups: list[GrownGroup] = field(default_factory=list)  # left as they were
     recovered_files: list[str] = field(default_factory=list)
+    # Commits of abandoned runs that may still land: their files were kept.
+    commits_in_doubt: list[PendingCommit] = field(default_factory=list)
     stopped: bool = False
     duration_s: float = 0.0
     backed_off: str | None = None  # why the run did not start: another run holds the table
@@ -193,6 +196,7 @@ class RunResult:
             "deleted_rows_applied": sum(r.rows_deleted for r in committed),
             "bulk_read_files": sum(r.bulk_read_files for r in committed),
             "recovered_files": len(self.recovered_files),
+            "commits_in_doubt": [c.to_dict() for c in self.commits_in_doubt],
             "stopped": self.stopped,
             "backed_off": self.backed_off,
             "duration_ms": round(self.duration_s * 1000),
@@ -276,10 +280,11 @@ class CommitManager:
                 self.plan,
                 batch,
                 properties,
-                on_file=self.lease.add_files,
                 rewritten_before=frozenset(self._rewritten),
-                fence=self.lease.verify,
+                journal=self.lease,
             )
+        except CommitStateUnknownError:
+            raise  # it may still land: every file of the run stays
         except CommitConflictError as exc:
             self.in_doubt = False
             if not self.options.partial_progress or self.lease.lost:
@@ -288,6 +293,9 @@ class CommitManager:
                 self.fail(r.task_id, CONFLICT, exc)
             self._count_failed_commit()
             return
+        except Exception:
+            self.in_doubt = False  # refused for certain, or failed before the catalog call
+            raise
         if outcome.snapshot_id is not None:
             self.committed_outputs.update(
                 d.file_path for r in outcome.committed for d in r.data_files
@@ -474,7 +482,6 @@ def _run(
     try:
         plan = plan_rewrite(table, identifier, options, grown_before)
         result = RunResult(identifier, plan, run_id)
-        result.recovered_files = lease.recovered
         if result.plan.groups:
             if progress:
                 progress.start(result.plan)
@@ -491,4 +498,5 @@ def _run(
             lease.abandon()
         else:
             lease.release()
+    result.recovered_files, result.commits_in_doubt = lease.recovered, lease.in_doubt
     return result

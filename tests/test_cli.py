@@ -26,16 +26,20 @@ from helpers import (
     live_data_files,
     live_delete_files,
     scan_rows,
+    unreferenced_files,
     write_position_delete_file,
 )
 from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.exceptions import CommitStateUnknownException
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation
 from pyiceberg.utils.config import Config
 
-from compactor import __version__
+from compactor import __version__, api
 from compactor.bench.sample import REGIONS, create_events_table
+from compactor.commit.inflight import read_record
+from compactor.errors import CommitStateUnknownError
 from compactor.iceberg.catalogs import embedded_catalog
 from compactor.sizes import format_size
 
@@ -703,3 +707,38 @@ def test_groups_whose_rewrite_would_grow_are_named_and_left_as_they_were(tmp_pat
     assert all(" left as it was: its rewrite grew " in line for line in lines[1:])
     assert all(line.endswith("(1 -> 1 file)") for line in lines[1:]), result.stdout
     before.check()
+
+
+def test_a_commit_in_doubt_is_shown_by_inspect_and_its_files_are_kept_by_rewrite_deletes(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The catalog answered a run's commit with a 504 and did not apply it (yet)."""
+    catalog = embedded(home)
+    table = catalog.load_table(TABLE)
+
+    def lost(*_: object) -> None:
+        raise CommitStateUnknownException("504 Gateway Timeout")
+
+    monkeypatch.setattr(catalog, "commit_table", lost)
+    with pytest.raises(CommitStateUnknownError):
+        api.compact(table, target_file_size="1MiB", allow_small_target=True, min_input_files=2)
+    kept = unreferenced_files(load(home))
+    (pending,) = read_record(load(home)).commits()
+
+    inspected = compactor(home, "inspect", "--table", TABLE, "--json")
+    assert inspected.returncode == 0, inspected.stderr
+    document = json.loads(inspected.stdout)
+    assert_documented("inspect", document)
+    (shown,) = document["commits_in_doubt"]
+    assert (shown["snapshot_id"], shown["run_id"]) == (pending.snapshot_id, pending.run_id)
+    text = compactor(home, "inspect", "--table", TABLE).stdout
+    assert f"commit in doubt: snapshot {pending.snapshot_id}" in text
+
+    done = compactor(home, "rewrite-deletes", "--table", TABLE)
+    assert done.returncode == 0, done.stderr
+    assert f"kept the files of run {pending.run_id}" in done.stderr
+    as_json = compactor(home, "rewrite-deletes", "--table", TABLE, "--json")
+    document = json.loads(as_json.stdout)
+    assert_documented("rewrite-deletes", document)
+    assert [c["snapshot_id"] for c in document["commits_in_doubt"]] == [pending.snapshot_id]
+    assert set(kept) <= set(unreferenced_files(load(home)))

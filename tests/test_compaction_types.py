@@ -181,6 +181,24 @@ def test_all_types_round_trip(catalog: Catalog) -> None:
             assert data_file.upper_bounds[field_id] is not None, name
 
 
+PRIMITIVES = [f.name for f in SCHEMA.fields if f.field_type.is_primitive]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"strategy": "sort", "sort_order": ", ".join(f"{n} DESC" for n in PRIMITIVES)},
+        {"strategy": "zorder", "zorder": ", ".join(PRIMITIVES)},
+    ],
+    ids=["sort", "zorder"],
+)
+def test_every_primitive_type_sorts_and_zorders(catalog: Catalog, options: dict[str, str]) -> None:
+    """Every primitive column in one order or z-order key at once: uuids, longs beyond 2**53
+    and fixed values sharing their first bytes included."""
+    _build(catalog)
+    compact_and_verify(catalog, "db.types", **options)
+
+
 FILTERS: dict[str, tuple[str, Callable[[dict[str, Any]], bool]]] = {
     "long-range": (
         "i64 >= 0 and i64 < 500000000",

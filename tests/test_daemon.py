@@ -36,12 +36,16 @@ from java_reader import JavaReader, java_read
 from java_writer import read_expected, write_cdc_table
 from prometheus_client.parser import text_string_to_metric_families
 from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.exceptions import CommitStateUnknownException
 from pyiceberg.table.snapshots import Operation
 from test_stress import INITIAL_COMMITS, INITIAL_ROWS, _read_log, _start_writer
 from test_stress import TABLE as WRITER_TABLE
 
+from compactor import api
 from compactor.bench.sample import create_events_table
+from compactor.commit.inflight import read_record
 from compactor.daemon.service import DEGRADED_AFTER_FAILED_TICKS
+from compactor.errors import CommitStateUnknownError
 
 pytestmark = pytest.mark.slow  # left out by `make test-quick`
 
@@ -668,3 +672,34 @@ def test_inspect_status_and_metrics_count_the_same_small_files_before_and_after_
     before, after = counts
     assert set(before.values()) == {6 * 8}, before  # 6 files in each of 8 partitions
     assert set(after.values()) == {0}, after  # 8 files left, one a partition: nothing to merge
+
+
+def test_a_commit_in_doubt_is_kept_by_the_daemon_and_shown_by_status(
+    setup: Setup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run's commit got a 504 and was not applied (yet): the daemon's next action on the
+    table keeps its files, and says so."""
+    table = create_events_table(setup.catalog, "db.doubt", commits=3, rows_per_commit=200, days=1)
+
+    def lost(*_: object) -> None:
+        raise CommitStateUnknownException("504 Gateway Timeout")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(setup.catalog, "commit_table", lost)
+        with pytest.raises(CommitStateUnknownError):
+            api.compact(table, target_file_size="1MiB", allow_small_target=True, min_input_files=2)
+    kept = unreferenced_files(table)
+    (pending,) = read_record(table).commits()
+    setup.job("doubt", 'tables = ["db.doubt"]\n\n[rewrite_deletes]\nevery = "1s"\n')
+    daemon = setup.start()
+    try:
+        finished = daemon.run_finished("db.doubt", action="rewrite_deletes")
+    finally:
+        assert daemon.terminate() == 0, "".join(daemon.lines)
+    assert finished["outcome"] == "noop", finished
+    assert [c["snapshot_id"] for c in finished["commits_in_doubt"]] == [pending.snapshot_id]
+    (run,) = [r for r in setup.status()["runs"] if r["table_name"] == "db.doubt"][:1]
+    assert run["commits_in_doubt"] == finished["commits_in_doubt"]
+    shown = setup.cli("status", "--config", "compactor.toml")
+    assert "commits in doubt" in shown and str(pending.snapshot_id) in shown
+    assert set(kept) <= set(unreferenced_files(setup.catalog.load_table("db.doubt")))

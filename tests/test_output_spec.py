@@ -13,12 +13,13 @@ from helpers import (
     assert_same_rows,
     commit_delete_files,
     live_data_files,
+    live_delete_files,
     live_entries,
     read_data_file,
     scan_rows,
     write_equality_delete_file,
 )
-from java_reader import assert_java_reads_same
+from java_reader import assert_java_reads_same, java_read
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 from pyiceberg.transforms import BucketTransform
@@ -126,3 +127,60 @@ def test_an_equality_delete_scoped_to_an_old_partition_meanwhile_refuses_the_mov
     expected = before.filter(pa.compute.field("event_id") != doomed)
     current = table.current_snapshot().snapshot_id  # type: ignore[union-attr]
     assert_java_reads_same(table, {None: expected, current: expected}, snapshot_ids=[current])
+
+
+def test_equality_deletes_of_two_old_partitions_apply_each_to_its_own(
+    catalog: Catalog, evolved: Table, java_reader: object
+) -> None:
+    """One moving group holds both partitions' files: each file takes its partition's deletes
+    only, though their keys name rows of the other partition too."""
+    old = sorted(
+        (f for f in live_data_files(evolved).values() if f.spec_id == 0), key=lambda f: f.file_path
+    )
+    first = old[0]
+    second = next(f for f in old if f.partition[0] != first.partition[0])
+    table = evolved
+    for data_file in (first, second):
+        amounts = read_data_file(table, data_file).column("amount").drop_null()[:5].to_pylist()
+        delete_file = write_equality_delete_file(
+            table, ["amount"], [(a,) for a in amounts], spec_id=0, partition=data_file.partition
+        )
+        table = commit_delete_files(table, [delete_file])
+    before_id = table.metadata.current_snapshot_id
+    stored = sum(f.record_count for f in live_data_files(table).values())
+
+    result = _compact(catalog)
+
+    assert result.to_dict()["failed_groups"] == []
+    after = catalog.load_table(TABLE)
+    assert live_delete_files(after) == {}
+    assert {f.spec_id for f in live_data_files(after).values()} == {1}
+    current = after.metadata.current_snapshot_id
+    java = java_read(after, [before_id, current])
+    assert java.read(current).rows == java.read(before_id).rows
+    assert java.read(before_id).row_count < stored
+    kept = scan_rows(after).filter(pa.compute.field("amount").isin(amounts))
+    assert kept.num_rows > 0, "rows of other partitions with the deleted amounts stay"
+
+
+@pytest.mark.parametrize("version", [1, 2], ids=["void-field", "no-field"])
+def test_files_move_into_a_spec_without_partition_values(catalog: Catalog, version: int) -> None:
+    """Removing the only partition field leaves a void field (format 1) or none (format 2)."""
+    table = create_events_table(
+        catalog, TABLE, commits=3, rows_per_commit=240, properties={"format-version": str(version)}
+    )
+    with table.update_spec() as update:
+        update.remove_field("ts_day")
+        update.remove_field("region")
+    table = catalog.load_table(TABLE)
+    before_id = table.metadata.current_snapshot_id
+    before = scan_rows(table)
+
+    result = _compact(catalog)
+
+    assert result.to_dict()["failed_groups"] == []
+    after = catalog.load_table(TABLE)
+    (moved,) = live_data_files(after).values()
+    assert moved.spec_id == 1 and all(value is None for value in moved.partition)
+    assert_same_rows(before, scan_rows(after))
+    assert_java_reads_same(after, snapshot_ids=[before_id, after.metadata.current_snapshot_id])

@@ -6,6 +6,7 @@ import datetime as dt
 import math
 import os
 import tempfile
+import uuid
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,8 @@ from pyiceberg.types import (
     StringType,
     TimestampType,
     TimestamptzType,
+    TimeType,
+    UUIDType,
 )
 
 from compactor.planning.sort_order import Clustering, SortField
@@ -91,6 +94,16 @@ def _values(kind: str) -> tuple[pa.DataType, IcebergType, list[Any]]:
             TimestampType(),
             [dt.datetime(2000, 1, 1) + dt.timedelta(microseconds=int(v)) for v in ints],
         )
+    if kind == "time":
+        micros = RNG.integers(0, 86_400_000_000, N).tolist()
+        return (
+            pa.time64("us"),
+            TimeType(),
+            [(dt.datetime.min + dt.timedelta(microseconds=m)).time() for m in micros],
+        )
+    if kind == "uuid":
+        # Halves with and without their top bit set: Java's signed order differs from bytes'.
+        return pa.uuid(), UUIDType(), [uuid.UUID(bytes=RNG.bytes(16)) for _ in range(N)]
     assert kind == "timestamptz"
     return (
         pa.timestamp("us", tz="UTC"),
@@ -106,7 +119,15 @@ def _python_key(value: Any) -> Any:
         return (0, value)
     if isinstance(value, str):
         return value.encode()
+    if isinstance(value, uuid.UUID):  # java.util.UUID.compareTo: two signed longs
+        halves = value.bytes[:8], value.bytes[8:]
+        return tuple(int.from_bytes(half, "big", signed=True) for half in halves)
     return value
+
+
+def _arrow(values: list[Any], arrow_type: pa.DataType) -> pa.Array:
+    """``values`` as an array (Arrow's uuid type takes uuids as their bytes)."""
+    return pa.array([v.bytes if isinstance(v, uuid.UUID) else v for v in values], arrow_type)
 
 
 KINDS = [
@@ -122,6 +143,8 @@ KINDS = [
     "date",
     "timestamp",
     "timestamptz",
+    "time",
+    "uuid",
 ]
 
 
@@ -135,7 +158,7 @@ def test_key_order_is_the_value_order(kind: str, descending: bool, nulls_first: 
     order = RNG.permutation(len(values))
     values = [values[i] for i in order]
     field = SortField("c", 1, "identity", descending, nulls_first)
-    keys = _field_key(pa.array(values, arrow_type), field, iceberg_type).to_pylist()
+    keys = _field_key(_arrow(values, arrow_type), field, iceberg_type).to_pylist()
 
     by_key = [v for _, v in sorted(zip(keys, values, strict=True), key=lambda kv: kv[0])]
 

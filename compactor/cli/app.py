@@ -204,6 +204,7 @@ def _print_result(result: RunResult) -> None:
         out.print(
             f"{result.table}: removed {count(data['recovered_files'], 'file')} of an abandoned run"
         )
+    _warn_in_doubt(result.table, data["commits_in_doubt"])
     if data["snapshot_id"] is None:
         out.print(f"{result.table}: nothing compacted (no snapshot committed)")
         for failed in data["failed_groups"]:
@@ -229,6 +230,18 @@ def _print_result(result: RunResult) -> None:
             highlight=False,
         )
     _print_grown(data)
+
+
+def _warn_in_doubt(table: str, commits: list[dict[str, Any]]) -> None:
+    """One warning line per commit of an earlier run that may still land (its files are kept)."""
+    for c in commits:
+        err.print(
+            f"warning: {table}: kept the files of run {c['run_id']}: its commit of snapshot "
+            f"{c['snapshot_id']} on {c['branch']} got no answer and may still land; a later run "
+            "removes them once it has landed or can no longer land",
+            markup=False,
+            highlight=False,
+        )
 
 
 def _print_grown(data: dict[str, Any]) -> None:
@@ -582,6 +595,7 @@ def inspect(
     """Show a table's files: count, bytes, average size, small files, delete files, worst partitions."""
 
     def go() -> None:
+        from compactor.commit.inflight import in_doubt_report
         from compactor.compaction import last_unreadable_files
         from compactor.planning.health import table_health
 
@@ -595,12 +609,25 @@ def inspect(
         _warn(options)
         health = table_health(tbl, table, options.target_file_size, options.min_input_files)
         unreadable = last_unreadable_files(tbl)
+        in_doubt = in_doubt_report(tbl)
         if as_json:
-            print(json.dumps({**health.to_dict(), "unreadable_files": unreadable}, indent=2))
+            document = {
+                **health.to_dict(),
+                "unreadable_files": unreadable,
+                "commits_in_doubt": in_doubt,
+            }
+            print(json.dumps(document, indent=2))
         else:
             _print_health(health)
             for path in unreadable:
                 line = f"unreadable file, skipped by the last compaction: {path}"
+                out.print(line, markup=False, highlight=False)
+            for c in in_doubt:
+                line = (
+                    f"commit in doubt: snapshot {c['snapshot_id']} of run {c['run_id']} on "
+                    f"{c['branch']} got no answer from the catalog and may still land; "
+                    f"{count(c['files_kept'], 'file')} kept until it lands or can no longer land"
+                )
                 out.print(line, markup=False, highlight=False)
 
     guarded(go, as_json=as_json)
@@ -864,6 +891,7 @@ def rewrite_deletes(
         if as_json:
             print(json.dumps(data, indent=2))
             return
+        _warn_in_doubt(table, data["commits_in_doubt"])
         verb = "would replace" if dry_run else "replaced"
         out.print(
             f"{table}: {verb} {data['files_removed']} position delete files with "
@@ -1192,6 +1220,15 @@ def status(config: ConfigFileOpt = None, as_json: JsonOpt = False) -> None:
                 unreadable.add_row(t["table"], Text(f["path"]), Text(f["reason"]))  # no markup
         if unreadable.row_count:
             out.print(unreadable)
+        in_doubt = RichTable(title="commits in doubt (their files kept until each lands or cannot)")
+        for column in ("table", "run", "snapshot", "branch"):
+            in_doubt.add_column(column)
+        newest = {r["table_name"]: r for r in reversed(data["runs"]) if r["outcome"]}
+        for name, run in sorted(newest.items()):  # as each table's newest run left them
+            for c in run["commits_in_doubt"]:
+                in_doubt.add_row(name, c["run_id"], str(c["snapshot_id"]), c["branch"])
+        if in_doubt.row_count:
+            out.print(in_doubt)
 
     guarded(go, as_json=as_json)
 

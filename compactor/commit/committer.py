@@ -22,11 +22,14 @@ import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from pyiceberg.exceptions import (
     BadRequestError,
     CommitFailedException,
-    CommitStateUnknownException,
+    ForbiddenError,
+    NoSuchTableError,
+    UnauthorizedError,
 )
 from pyiceberg.manifest import (
     DataFile,
@@ -55,7 +58,7 @@ from pyiceberg.utils.properties import property_as_int
 
 from compactor.errors import CommitConflictError, CommitStateUnknownError, first_line
 from compactor.iceberg.pyiceberg_compat import (
-    DeleteFileIndex,
+    PositionDeleteIndex,
     delete_file_key,
     is_deletion_vector,
     manifest_entries,
@@ -64,6 +67,7 @@ from compactor.iceberg.pyiceberg_compat import (
     snapshot_manifests,
     write_manifest_list,
 )
+from compactor.iceberg.value_keys import same_partition
 from compactor.planning.planner import FileGroup, InputFile, Plan, is_unpartitioned
 from compactor.planning.tasks import TaskResult
 from compactor.storage.deleter import delete_files
@@ -158,7 +162,7 @@ def find_conflicts(
         operation = snapshot.summary.operation if snapshot.summary else None
         if operation == Operation.APPEND:
             continue
-        new_position_deletes = DeleteFileIndex()
+        new_position_deletes = PositionDeleteIndex()
         has_position_deletes = False
         for entry in _entries_added_by(table, snapshot):
             data_file = entry.data_file
@@ -178,16 +182,14 @@ def find_conflicts(
                         f"added by snapshot {snapshot.snapshot_id}",
                     )
             elif data_file.content == DataFileContent.POSITION_DELETES:
-                new_position_deletes.add_delete_file(entry, partition_key=data_file.partition)
+                new_position_deletes.add_delete_file(entry)
                 has_position_deletes = True
             elif data_file.content == DataFileContent.EQUALITY_DELETES:
                 _moved_out_of_reach(table, groups, data_file, snapshot.snapshot_id, conflicts)
         if has_position_deletes:
             for g in groups:
                 for f in g.files:
-                    hits = new_position_deletes.for_data_file(
-                        f.data_sequence_number, f.data_file, partition_key=f.data_file.partition
-                    )
+                    hits = new_position_deletes.for_data_file(f.data_sequence_number, f.data_file)
                     if hits:
                         path = sorted(d.file_path for d in hits)[0]
                         conflicts.setdefault(
@@ -216,17 +218,29 @@ def _moved_out_of_reach(
         if not group.repartition:
             continue
         for f in group.files:
-            same = (f.data_file.spec_id, f.data_file.partition) == (
-                delete_file.spec_id,
-                delete_file.partition,
-            )
-            if same:
+            if f.data_file.spec_id == delete_file.spec_id and same_partition(
+                f.data_file.partition, delete_file.partition
+            ):
                 conflicts.setdefault(
                     group.group_id,
                     f"equality delete {delete_file.file_path} for the partition of input {f.path} "
                     f"added by snapshot {snapshot_id}",
                 )
                 break
+
+
+class CommitJournal(Protocol):
+    """Where a run records what it is about to do, so a crash or a lost answer leaves a trace
+    (:class:`compactor.commit.inflight.RunLease`)."""
+
+    def add_files(self, paths: list[str]) -> None:
+        """Record metadata files before they are written."""
+
+    def committing(self, snapshot_id: int, parent_id: int | None, branch: str) -> None:
+        """Record a commit before it is sent; raise if the run may no longer commit."""
+
+    def refused(self, snapshot_id: int) -> None:
+        """The catalog refused that commit for certain."""
 
 
 class _Attempt:
@@ -435,19 +449,18 @@ def commit_replace(
     snapshot_properties: dict[str, str],
     retry: RetryPolicy | None = None,
     sleep: Callable[[float], None] = time.sleep,
-    on_file: Callable[[list[str]], None] | None = None,
     rewritten_before: frozenset[str] = frozenset(),
-    fence: Callable[[], None] | None = None,
+    journal: CommitJournal | None = None,
 ) -> CommitOutcome:
     """Commit ``results`` as one ``replace`` snapshot on main; refused groups are reported, not raised.
 
     Each result is matched to its group of ``plan`` by ``task_id``: the plan, which stays in the
-    driver, holds the inputs' manifest entries the commit removes. The caller owns the output files of refused groups (``outcome.conflicts``) and deletes them.
-    ``on_file`` is told of every metadata file before it is written (for crash recovery).
-    ``rewritten_before`` are the input files the run's earlier commits replaced: a position
-    delete file whose data files were rewritten partly then and partly now is retired now.
-    ``fence`` runs just before each catalog call and raises if this run may no longer commit.
-    A group whose output files are not all still in storage is refused.
+    driver, holds the inputs' manifest entries the commit removes. The caller owns the output
+    files of refused groups (``outcome.conflicts``) and deletes them. ``rewritten_before`` are
+    the input files the run's earlier commits replaced: a position delete file whose data files
+    were rewritten partly then and partly now is retired now. ``journal`` is told of every
+    metadata file and every catalog call first (:class:`CommitJournal`). A group whose output
+    files are not all still in storage is refused.
 
     Raises :class:`CommitStateUnknownError` when the catalog cannot tell whether the commit
     was applied: every file stays, since the table may reference them.
@@ -478,8 +491,7 @@ def commit_replace(
         build,
         retry=retry,
         sleep=sleep,
-        on_file=on_file,
-        fence=fence,
+        journal=journal,
         branch=plan.options.branch,
     )
     if outcome.snapshot_id is not None:
@@ -495,8 +507,7 @@ def commit_on_branch(
     *,
     retry: RetryPolicy,
     sleep: Callable[[float], None] = time.sleep,
-    on_file: Callable[[list[str]], None] | None = None,
-    fence: Callable[[], None] | None = None,
+    journal: CommitJournal | None = None,
     branch: str = MAIN_BRANCH,
 ) -> int | None:
     """Commit one snapshot on ``branch``, retrying catalog conflicts; its id, or None if none
@@ -504,12 +515,12 @@ def commit_on_branch(
 
     Each attempt, ``prepare()`` validates against the table as it is now and returns the
     branch's head, or None when nothing is left to commit; ``build(attempt, head)`` writes the manifests
-    (through ``attempt``) and returns the snapshot, or None to validate again. ``fence`` runs just
-    before each catalog call and raises if the run may no longer commit; ``on_file`` is told of
-    every metadata file before it is written. Raises :class:`CommitConflictError` once the
-    table's ``commit.retry.*`` budget is spent, and :class:`CommitStateUnknownError` when the
-    catalog cannot tell whether the commit was applied (every file stays: the table may
-    reference them).
+    (through ``attempt``) and returns the snapshot, or None to validate again. ``journal`` is
+    told of every metadata file before it is written and of every catalog call before it is
+    made. Raises :class:`CommitConflictError` once the table's ``commit.retry.*`` budget is
+    spent, and :class:`CommitStateUnknownError` when the catalog's answer does not prove the
+    commit was refused (:func:`is_refusal`) and the table does not show it: every file stays,
+    since the request may still be applied.
     """
     snapshot_id = table.metadata.new_snapshot_id()
     started = time.monotonic()
@@ -522,7 +533,7 @@ def commit_on_branch(
         head = prepare()
         if head is None:
             return None
-        attempt = _Attempt(table, snapshot_id, on_file)
+        attempt = _Attempt(table, snapshot_id, journal.add_files if journal else None)
         in_catalog_call = False
         try:
             snapshot = build(attempt, head)
@@ -545,55 +556,77 @@ def commit_on_branch(
                     min_snapshots_to_keep=ref.min_snapshots_to_keep,
                 ),
             )
-            if fence is not None:
-                fence()
+            if journal is not None:
+                journal.committing(snapshot_id, head.snapshot_id, branch)
             in_catalog_call = True
-            try:
-                table.catalog.commit_table(table, requirements, updates)
-            except (ValueError, BadRequestError) as exc:
-                # The catalog applies the updates to the table as it is now and refuses a
-                # sequence number or (format 3) row ids another branch's commit took meanwhile
-                # (pyiceberg's SQL catalog: ValueError; a REST server: 400 ValidationException).
-                # Nothing was written: retry as after any conflict.
-                if not any(stale in str(exc) for stale in STALE_SNAPSHOT_REFUSALS):
-                    raise
-                raise CommitFailedException(first_line(exc)) from exc
-        except CommitFailedException as exc:
+            table.catalog.commit_table(table, requirements, updates)
+        except BaseException as exc:
+            if in_catalog_call and not is_refusal(exc):
+                # The request may have been applied, or may be applied later (a gateway or a
+                # slow catalog): never delete what the table may come to reference.
+                if isinstance(exc, Exception) and _landed(table, snapshot_id):
+                    return snapshot_id
+                if not isinstance(exc, Exception):
+                    raise  # interrupted: the run record keeps the files for the next run
+                raise CommitStateUnknownError(
+                    f"table {identifier}: the catalog did not say whether snapshot {snapshot_id} "
+                    f"was committed ({type(exc).__name__}: {first_line(exc)}); its files are kept "
+                    "until it lands or can no longer land"
+                ) from exc
             attempt.discard()
+            if journal is not None and in_catalog_call:
+                journal.refused(snapshot_id)
+            retryable = in_catalog_call and is_retryable(exc)
+            if not (retryable or isinstance(exc, CommitFailedException)):
+                raise
             elapsed_ms = (time.monotonic() - started) * 1000
             if attempts > retry.num_retries or elapsed_ms > retry.total_timeout_ms:
                 raise CommitConflictError(
-                    f"table {identifier}: commit still conflicting after {attempts} attempts: {exc}"
+                    f"table {identifier}: commit still conflicting after {attempts} attempts: "
+                    f"{first_line(exc)}"
                 ) from exc
             log.info("commit conflict on %s, retrying (%d): %s", identifier, attempts, exc)
             sleep(retry.wait_s(attempts - 1))
             table.refresh()
             continue
-        except CommitStateUnknownException as exc:
-            # The catalog may apply it still, even if a refresh does not show it yet (a proxy
-            # timed out): never delete what the table might come to reference.
-            if not _landed(table, snapshot_id, if_unknown=False):
-                raise CommitStateUnknownError(
-                    f"table {identifier}: the catalog did not say whether snapshot {snapshot_id} "
-                    f"was committed ({first_line(exc)}); its files are kept for the next run to "
-                    "resolve"
-                ) from exc
-        except BaseException:
-            # Interrupted inside the catalog call (e.g. a second Ctrl-C), the commit may have
-            # landed: then these manifests are the table's, and deleting them would break it.
-            if not (in_catalog_call and _landed(table, snapshot_id, if_unknown=True)):
-                attempt.discard()
-            raise
         table.refresh()
         return snapshot_id
 
 
-def _landed(table: Table, snapshot_id: int, *, if_unknown: bool) -> bool:
-    """Whether the table now has ``snapshot_id``; ``if_unknown`` when the catalog cannot tell."""
+def is_retryable(exc: BaseException) -> bool:
+    """Whether the catalog refused a commit because the table moved on: validate and retry.
+
+    A conflict (409), or a sequence number or (format 3) row ids another branch's commit took
+    meanwhile: the catalog applies the updates to the table as it is now and refuses them
+    (pyiceberg's SQL catalog: ValueError; a REST server: 400 ValidationException).
+    """
+    if isinstance(exc, CommitFailedException):
+        return True
+    return isinstance(exc, ValueError | BadRequestError) and any(
+        stale in str(exc) for stale in STALE_SNAPSHOT_REFUSALS
+    )
+
+
+def is_refusal(exc: BaseException) -> bool:
+    """Whether the catalog's answer proves the commit was not applied and never will be.
+
+    Only a definite refusal: a conflict or stale-requirement refusal (:func:`is_retryable`),
+    or a REST 400, 401, 403 or 404, which the catalog answers before applying anything (the
+    failures Iceberg Java's ``SnapshotProducer`` cleans up after). Everything else — a 5xx,
+    a timeout, a reset connection, an unreadable answer, any other exception — leaves the
+    commit's outcome unknown.
+    """
+    return is_retryable(exc) or isinstance(
+        exc, BadRequestError | UnauthorizedError | ForbiddenError | NoSuchTableError
+    )
+
+
+def _landed(table: Table, snapshot_id: int) -> bool:
+    """Whether the table now has ``snapshot_id``; False when the catalog cannot tell."""
     try:
         table.refresh()
     except Exception:
-        return if_unknown
+        return False
     return table.metadata.snapshot_by_id(snapshot_id) is not None
 
 

@@ -8,11 +8,19 @@ the driver writes for its commits in the record itself, also before they are cre
 alternate between the two slots with a sequence number, so a write torn by a crash only damages
 one slot and the other still lists every file created so far.
 
-A record left behind belongs to a run that was killed. The next run takes the lease, carrying
-the dead run's id and files over into its own record, then deletes every file the dead run's
-record and intent files list that no snapshot references, and then those intent files. While a
-live run holds the record, other runs back off; the catalog's optimistic commit remains the
-authority on correctness.
+Before each catalog call the record also names the commit about to be tried (its snapshot id,
+the branch and the head it expects: :class:`PendingCommit`). When the catalog's answer is lost
+(a 5xx, a timeout, a reset, a crash or a paused machine inside the call), that request may still
+be applied later, and then the table references the run's new files.
+
+A record left behind belongs to a run that was killed or whose commit is in doubt. The next run
+takes the lease, carrying the dead run's id, files and pending commits over into its own record.
+While a pending commit can still land (it has not, and its branch's head is still the snapshot it
+expects, so the catalog's ``AssertRefSnapshotId`` would pass), nothing of the dead runs is
+deleted; once each has landed or can no longer land, every file the records and intent files list
+that no snapshot references is deleted, and then those intent files. While a live run holds the
+record, other runs back off; the catalog's optimistic commit remains the authority on
+correctness.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pyiceberg.table import Table
 
@@ -47,6 +56,48 @@ class LeaseHeldError(CompactorError):
     """Another live run holds the table's lease; this run backs off without doing anything."""
 
 
+@dataclass(frozen=True)
+class PendingCommit:
+    """A commit sent to the catalog: snapshot ``snapshot_id`` on ``branch`` over ``parent_id``.
+
+    Recorded before the catalog call, since its answer may be lost while the request still
+    lands later (the request asserts that ``branch``'s head is ``parent_id``).
+    """
+
+    run_id: str
+    snapshot_id: int
+    parent_id: int | None
+    branch: str
+
+    def state(self, table: Table) -> str:
+        """:data:`LANDED`, :data:`VOID` (can no longer land) or :data:`PENDING`, on ``table`` as
+        loaded (refresh it first)."""
+        metadata = table.metadata
+        if metadata.snapshot_by_id(self.snapshot_id) is not None:
+            return LANDED
+        ref = metadata.refs.get(self.branch)
+        head = ref.snapshot_id if ref is not None else None
+        return PENDING if head == self.parent_id else VOID
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``--json`` form: ``commits_in_doubt`` of ``run``, ``rewrite-deletes``, ``inspect``."""
+        return {
+            "run_id": self.run_id,
+            "snapshot_id": self.snapshot_id,
+            "branch": self.branch,
+            "parent_snapshot_id": self.parent_id,
+        }
+
+    def describe(self) -> str:
+        return (
+            f"snapshot {self.snapshot_id} of run {self.run_id} on branch {self.branch} "
+            f"over {self.parent_id}"
+        )
+
+
+LANDED, VOID, PENDING = "landed", "void", "pending"
+
+
 @dataclass
 class RunRecord:
     """What is stored in the record file."""
@@ -62,6 +113,12 @@ class RunRecord:
     pid_namespace: str = ""  # the writer's PID namespace (Linux); where its PID means anything
     # Abandoned runs this record took over: their intent files are this record's too.
     abandoned_runs: list[str] = field(default_factory=list)
+    # Commits sent to the catalog whose answer may have been lost (PendingCommit fields).
+    pending_commits: list[dict[str, Any]] = field(default_factory=list)
+
+    def commits(self) -> list[PendingCommit]:
+        """The commits this record says were sent to the catalog."""
+        return [PendingCommit(**c) for c in self.pending_commits]
 
     @property
     def runs(self) -> list[str]:
@@ -213,10 +270,39 @@ def remove_run_files(
     return [p for p in leftovers if p not in set(failed)], failed
 
 
+def commits_in_doubt(table: Table, record: RunRecord) -> list[PendingCommit]:
+    """The commits of ``record`` that may still land, read on ``table`` refreshed now.
+
+    A commit that landed or can no longer land is settled. Raises when the table cannot be
+    refreshed: nothing can be decided then.
+    """
+    commits = record.commits()
+    if not commits:
+        return []
+    table.refresh()
+    return [c for c in commits if c.state(table) == PENDING]
+
+
+def in_doubt_report(table: Table) -> list[dict]:
+    """The table's commits in doubt now, with how many files each run record keeps for them.
+
+    Read from the run record (live or abandoned) and the catalog: for ``inspect``.
+    """
+    record = read_record(table)
+    if record is None:
+        return []
+    pending = commits_in_doubt(table, record)
+    if not pending:
+        return []
+    files, _ = recorded_files(table, record)
+    return [{**c.to_dict(), "files_kept": len(files)} for c in pending]
+
+
 def recover_abandoned_files(table: Table, record: RunRecord) -> list[str]:
     """Delete the files an abandoned run wrote that no snapshot of ``table`` references.
 
-    Returns the files deleted; their intent files go too once they are all gone.
+    Returns the files deleted; their intent files go too once they are all gone. The caller
+    makes sure no commit of ``record`` is still in doubt (:func:`commits_in_doubt`).
     """
     deleted, failed = remove_run_files(
         table, record.runs, record.files, lambda: table_references(table).all()
@@ -250,6 +336,7 @@ class RunLease:
         self._heartbeat: threading.Thread | None = None
         self.lost = False
         self.recovered: list[str] = []
+        self._carried: list[PendingCommit] = []  # abandoned runs' commits still in doubt
 
     def acquire(self) -> None:
         """Take the lease, then clean up after an abandoned run; raise if a live run holds it.
@@ -270,15 +357,61 @@ class RunLease:
             self._record.seq = existing.seq
             self._record.files = list(existing.files)
             self._record.abandoned_runs = list(dict.fromkeys(existing.runs))
+            self._record.pending_commits = list(existing.pending_commits)
         self._write()
         current = read_record(self._table)
         if current is None or current.run_id != self._record.run_id:
             raise LeaseHeldError(f"table {name}: another run took the lease first")
         if existing is not None:
-            log.info("recovering abandoned run %s", existing.run_id)
-            self.recovered = recover_abandoned_files(self._table, existing)
+            self._recover(existing)
         self._heartbeat = threading.Thread(target=self._beat, name="lease-heartbeat", daemon=True)
         self._heartbeat.start()
+
+    @property
+    def in_doubt(self) -> list[PendingCommit]:
+        """Commits of abandoned runs that may still land: their runs' files are kept."""
+        return [c for c in self._carried if c.run_id != self._record.run_id]
+
+    def _recover(self, abandoned: RunRecord) -> bool:
+        """Delete what ``abandoned`` runs left, unless a commit of theirs may still land.
+
+        Returns whether the clean-up ran; when it did not, the record keeps their files and
+        pending commits (``in_doubt``) for a later run.
+        """
+        self._carried = commits_in_doubt(self._table, abandoned)
+        if self._carried:
+            log.warning(
+                "table %s: keeping %s's files: the commit of %s may still land",
+                ".".join(self._table.name()),
+                ", ".join(abandoned.runs),
+                "; ".join(c.describe() for c in self._carried),
+            )
+            return False
+        log.info("recovering abandoned run %s", abandoned.run_id)
+        self.recovered.extend(recover_abandoned_files(self._table, abandoned))
+        with self._lock:
+            self._record.pending_commits = [
+                c for c in self._record.pending_commits if c["run_id"] == self._record.run_id
+            ]
+        return True
+
+    def committing(self, snapshot_id: int, parent_id: int | None, branch: str) -> None:
+        """Record the commit about to be sent to the catalog; raise unless the record is still
+        this run's (called just before each catalog call)."""
+        commit = asdict(PendingCommit(self._record.run_id, snapshot_id, parent_id, branch))
+        with self._lock:
+            self._check_held_locked()
+            self._record.pending_commits = [
+                c for c in self._record.pending_commits if c["snapshot_id"] != snapshot_id
+            ] + [commit]
+            self._write_locked()
+
+    def refused(self, snapshot_id: int) -> None:
+        """The catalog refused the commit of ``snapshot_id`` for certain: it cannot land."""
+        with self._lock:
+            self._record.pending_commits = [
+                c for c in self._record.pending_commits if c["snapshot_id"] != snapshot_id
+            ]
 
     def add_files(self, paths: list[str]) -> None:
         """Record paths (the driver's metadata files) before the files are created, so a crash
@@ -298,8 +431,22 @@ class RunLease:
             self._check_held_locked()
 
     def release(self) -> None:
-        """Stop the heartbeat and delete the record if it is still this run's."""
+        """Stop the heartbeat and delete the record if it is still this run's.
+
+        While an abandoned run's commit may still land, the record stays, expired: the next
+        run looks again. Once it has settled (this run's own commit may have moved the branch
+        past it), the abandoned runs' files are cleaned up first.
+        """
         self._stop_heartbeat()
+        with self._lock:
+            held = self._holds_locked()
+            record = RunRecord(**asdict(self._record))
+        if not held:
+            return
+        # This run's own files are committed or deleted by now; an abandoned run's may be left.
+        if self._carried and not self._recover(record):
+            self.abandon()
+            return
         with self._lock:
             if self._holds_locked():
                 delete_files(self._table.io, self._paths)
@@ -349,8 +496,9 @@ class RunLease:
         self._record.expires_ms = _now_ms() + self._ttl_ms
         self._record.seq += 1
         fields = asdict(self._record)
-        if not fields["abandoned_runs"]:  # the common case: readable by earlier versions too
-            del fields["abandoned_runs"]
+        for name in ("abandoned_runs", "pending_commits"):
+            if not fields[name]:  # the common case: readable by earlier versions too
+                del fields[name]
         payload = json.dumps(fields).encode()
         slot = self._paths[self._record.seq % len(self._paths)]
         with self._table.io.new_output(slot).create(overwrite=True) as stream:

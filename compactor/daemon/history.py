@@ -36,7 +36,8 @@ CREATE TABLE IF NOT EXISTS runs (
     snapshot_ids TEXT NOT NULL DEFAULT '[]',
     conflicts INTEGER NOT NULL DEFAULT 0,
     error TEXT,
-    skipped_files TEXT NOT NULL DEFAULT '[]'
+    skipped_files TEXT NOT NULL DEFAULT '[]',
+    commits_in_doubt TEXT NOT NULL DEFAULT '[]'
 );
 CREATE INDEX IF NOT EXISTS runs_by_table ON runs (table_name, action, id);
 CREATE TABLE IF NOT EXISTS tables (
@@ -90,6 +91,8 @@ class RunRow:
     error: str | None = None
     # Unreadable files whose groups a compaction skipped: {"group_id", "path", "reason"} each.
     skipped_files: list[dict[str, Any]] = field(default_factory=list)
+    # Commits of earlier runs that may still land, whose files the run kept (PendingCommit).
+    commits_in_doubt: list[dict[str, Any]] = field(default_factory=list)
     id: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -109,10 +112,11 @@ class History:
             self._db.execute("PRAGMA busy_timeout=10000")
             self._db.executescript(SCHEMA)
             columns = {row["name"] for row in self._db.execute("PRAGMA table_info(runs)")}
-            if "skipped_files" not in columns:  # a state file written by an earlier version
-                self._db.execute(
-                    "ALTER TABLE runs ADD COLUMN skipped_files TEXT NOT NULL DEFAULT '[]'"
-                )
+            for added in ("skipped_files", "commits_in_doubt"):
+                if added not in columns:  # a state file written by an earlier version
+                    self._db.execute(
+                        f"ALTER TABLE runs ADD COLUMN {added} TEXT NOT NULL DEFAULT '[]'"
+                    )
         except (OSError, sqlite3.Error) as exc:
             raise ConfigError(f"state file {path}: {exc}") from None
         self._lock = threading.Lock()
@@ -156,7 +160,7 @@ class History:
             db.execute(
                 "UPDATE runs SET ended_at = ?, outcome = ?, input_files = ?, input_bytes = ?, "
                 "output_files = ?, output_bytes = ?, snapshot_ids = ?, conflicts = ?, error = ?, "
-                "skipped_files = ? WHERE id = ?",
+                "skipped_files = ?, commits_in_doubt = ? WHERE id = ?",
                 (
                     row.ended_at,
                     row.outcome,
@@ -168,6 +172,7 @@ class History:
                     row.conflicts,
                     redact(row.error) if row.error else row.error,
                     redact(json.dumps(row.skipped_files)),
+                    json.dumps(row.commits_in_doubt),
                     row.id,
                 ),
             )
@@ -315,5 +320,6 @@ def _run(row: sqlite3.Row) -> RunRow:
         conflicts=row["conflicts"],
         error=row["error"],
         skipped_files=json.loads(row["skipped_files"]),
+        commits_in_doubt=json.loads(row["commits_in_doubt"]),
         id=row["id"],
     )

@@ -479,6 +479,7 @@ class Daemon:
         row.output_files, row.output_bytes = data["files_added"], data["bytes_added"]
         row.snapshot_ids = [data["snapshot_id"]] if data["snapshot_id"] else []
         row.conflicts = len(data["conflicts"])
+        row.commits_in_doubt = data["commits_in_doubt"]
         self.metrics.deleted_files.labels(request.action).inc(data["files_removed"])
         self.metrics.deleted_bytes.labels(request.action).inc(data["bytes_removed"])
         if data["conflicts"] and not data["committed_groups"]:
@@ -514,6 +515,7 @@ class Daemon:
         row.snapshot_ids = data["snapshot_ids"]
         row.conflicts = sum(1 for f in result.failures if f.kind == "conflict")
         row.skipped_files = data["skipped_files"]
+        row.commits_in_doubt = data["commits_in_doubt"]
         errors = result.errors
         if errors:
             row.error = f"group {errors[0].group_id}: {errors[0].reason}"

@@ -70,23 +70,33 @@ from pyiceberg.manifest import (
     _inherit_from_manifest,
 )
 from pyiceberg.manifest import write_manifest_list as _write_manifest_list
-from pyiceberg.partitioning import PartitionSpec
+from pyiceberg.partitioning import PartitionField, PartitionSpec, _to_partition_representation
 from pyiceberg.schema import Schema, sanitize_column_names
 from pyiceberg.table import FileScanTask
 from pyiceberg.table.delete_file_index import DeleteFileIndex
 from pyiceberg.table.deletion_vector import DeletionVector
 from pyiceberg.table.metadata import TableMetadata, TableMetadataV3
 from pyiceberg.table.snapshots import Snapshot
+from pyiceberg.transforms import Transform
 from pyiceberg.typedef import IcebergBaseModel, Record
-from pyiceberg.types import IntegerType, ListType, LongType, MapType, NestedField, StructType
+from pyiceberg.types import (
+    IcebergType,
+    IntegerType,
+    ListType,
+    LongType,
+    MapType,
+    NestedField,
+    StructType,
+)
 
 from compactor.iceberg.interop import refuse_fixed_partitions
 from compactor.iceberg.manifest_avro import write_manifest
+from compactor.iceberg.value_keys import partition_key
 
 __all__ = [
-    "DeleteFileIndex",
     "FilePruner",
     "PartitionPath",
+    "PositionDeleteIndex",
     "VERIFY_PAGE_CHECKSUMS",
     "file_statistics",
     "parquet_writer_kwargs",
@@ -252,6 +262,41 @@ def parquet_writer_kwargs(properties: dict[str, str]) -> dict[str, Any]:
         return {**_get_parquet_writer_kwargs(properties), **WRITE_PAGE_CHECKSUMS}
 
 
+def arrow_storage(array: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """``array``, or its storage when its type is an extension type.
+
+    pyiceberg reads uuid columns as Arrow's ``arrow.uuid`` extension type, which Arrow's joins,
+    grouping and most kernels do not take; its storage, ``fixed_size_binary(16)``, holds the
+    same 16 bytes.
+    """
+    kind = array.type
+    if not isinstance(kind, pa.BaseExtensionType):
+        return array
+    if isinstance(array, pa.ChunkedArray):
+        return pa.chunked_array([chunk.storage for chunk in array.chunks], kind.storage_type)
+    return array.storage
+
+
+def transform_arrow(
+    transform: Transform[Any, Any], source_type: IcebergType, array: pa.Array
+) -> pa.Array:
+    """``transform`` applied to ``array``, a column of ``source_type`` (uuids come out as their
+    :func:`arrow_storage`). pyiceberg's truncate takes no ``large_binary``, the type it reads
+    binary columns as: they are cast to ``binary`` first."""
+    if pa.types.is_large_binary(array.type):
+        array = array.cast(pa.binary())
+    return arrow_storage(transform.pyarrow_transform(source_type)(array))
+
+
+def partition_value(field: PartitionField, source_type: IcebergType, value: Any) -> Any:
+    """A partition tuple's value for ``value``, one of :func:`transform_arrow`'s results.
+
+    pyiceberg's ``partition_record_value`` converts by the source column's type, which fails
+    for a transform whose result has another type (the bucket of a time column is an int).
+    """
+    return _to_partition_representation(field.transform.result_type(source_type), value)
+
+
 def file_statistics(
     parquet_metadata: pq.FileMetaData, file_schema: Schema, properties: dict[str, str]
 ) -> dict[str, Any]:
@@ -283,6 +328,30 @@ class PartitionPath:
 
     def to_path(self) -> str:
         return self._spec.partition_to_path(self._partition, self._schema)
+
+
+class PositionDeleteIndex:
+    """pyiceberg's ``DeleteFileIndex`` (position deletes by partition and by referenced file),
+    its partitions matched by :func:`partition_key`: a delete in partition ``x = NaN`` applies
+    to the files of that partition, one in ``x = -0.0`` not to those of ``x = 0.0``.
+    """
+
+    def __init__(self) -> None:
+        self._index = DeleteFileIndex()
+
+    @staticmethod
+    def _key(data_file: DataFile) -> Record:
+        return Record(*partition_key(data_file.partition))
+
+    def add_delete_file(self, entry: ManifestEntry) -> None:
+        """Index the position delete file of ``entry`` (its data sequence number included)."""
+        self._index.add_delete_file(entry, partition_key=self._key(entry.data_file))
+
+    def for_data_file(self, sequence_number: int, data_file: DataFile) -> set[DataFile]:
+        """The position delete files that apply to ``data_file`` of ``sequence_number``."""
+        return self._index.for_data_file(
+            sequence_number, data_file, partition_key=self._key(data_file)
+        )
 
 
 class FilePruner:

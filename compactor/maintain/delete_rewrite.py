@@ -66,6 +66,7 @@ from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.typedef import Record
 
 from compactor.commit.committer import (
+    CommitJournal,
     RetryPolicy,
     _Attempt,
     _entries_added_by,
@@ -74,9 +75,10 @@ from compactor.commit.committer import (
     commit_on_branch,
     replace_snapshot,
 )
-from compactor.commit.inflight import RunLease, remove_run_files
+from compactor.commit.inflight import PendingCommit, RunLease, remove_run_files
 from compactor.errors import (
     CommitConflictError,
+    CommitStateUnknownError,
     CompactorError,
     DataFileError,
     UnsupportedTableError,
@@ -93,6 +95,7 @@ from compactor.iceberg.pyiceberg_compat import (
     parquet_writer_kwargs,
     position_delete_schema,
 )
+from compactor.iceberg.value_keys import PartitionKey, partition_key, same_partition
 from compactor.options import (
     DEFAULT_LEASE_TTL_S,
     SNAPSHOT_PROPERTY_ACTION,
@@ -200,6 +203,8 @@ class DeleteRewriteResult:
     conflicts: dict[int, str] = field(default_factory=dict)  # group id -> why it was refused
     skipped: dict[str, int] = field(default_factory=dict)  # reason -> partitions left alone
     recovered_files: list[str] = field(default_factory=list)
+    # Commits of abandoned runs that may still land: their files were kept.
+    commits_in_doubt: list[PendingCommit] = field(default_factory=list)
     attempts: int = 0
     duration_s: float = 0.0
 
@@ -247,6 +252,7 @@ class DeleteRewriteResult:
             ],
             "skipped": dict(self.skipped),
             "recovered_files": len(self.recovered_files),
+            "commits_in_doubt": [c.to_dict() for c in self.commits_in_doubt],
             "attempts": self.attempts,
             "duration_ms": round(self.duration_s * 1000),
         }
@@ -303,7 +309,6 @@ def rewrite_position_deletes(
 
     lease = RunLease(table, run_id, lease_ttl_s)
     lease.acquire()
-    result.recovered_files = lease.recovered
     in_doubt = False
     undeleted: list[str] | None = []
     wrote = False
@@ -330,8 +335,7 @@ def rewrite_position_deletes(
                 scan.start_manifests,
                 result.groups,
                 properties,
-                on_file=lease.add_files,
-                fence=lease.verify,
+                journal=lease,
             )
             in_doubt = False
             result.snapshot_id = outcome.snapshot_id
@@ -341,8 +345,10 @@ def rewrite_position_deletes(
         result.delete_files_after = (
             _live_delete_kinds(table) if result.snapshot_id else dict(result.delete_files_before)
         )
-    except CommitConflictError:
-        in_doubt = False
+    except CommitStateUnknownError:
+        raise  # it may still land: every file of the run stays
+    except Exception:
+        in_doubt = False  # refused for certain, or failed before the catalog call
         raise
     finally:
         if wrote and not in_doubt:
@@ -353,6 +359,7 @@ def rewrite_position_deletes(
             lease.abandon()
         else:
             lease.release()
+    result.recovered_files, result.commits_in_doubt = lease.recovered, lease.in_doubt
     result.duration_s = time.monotonic() - started
     return result
 
@@ -430,7 +437,7 @@ def _plan(table: Table, row_filter: Any, result: DeleteRewriteResult) -> _Scan:
     scan.start_manifests = frozenset(m.manifest_path for m in manifests)
     entries = _read_all(table, manifests)
     live = scan.live
-    candidates: dict[tuple[int, Record], list[tuple[str, ManifestEntry]]] = defaultdict(list)
+    candidates: dict[tuple[int, PartitionKey], list[tuple[str, ManifestEntry]]] = defaultdict(list)
     pruner = FilePruner(metadata, row_filter)
     deletes = []
     for manifest_path, entry in entries:
@@ -445,11 +452,13 @@ def _plan(table: Table, row_filter: Any, result: DeleteRewriteResult) -> _Scan:
             continue
         if not pruner.partition_may_match(data_file):
             continue
-        candidates[(data_file.spec_id, data_file.partition)].append((manifest_path, entry))
+        key = (data_file.spec_id, partition_key(data_file.partition))
+        candidates[key].append((manifest_path, entry))
     result.delete_files_before = delete_file_kinds(deletes)
     groups = scan.groups
     specs, schema = metadata.specs(), metadata.schema()
-    for (spec_id, partition), found in candidates.items():
+    for (spec_id, _), found in candidates.items():
+        partition = found[0][1].data_file.partition
         spec = specs[spec_id]
         path = "" if is_unpartitioned(spec) else spec.partition_to_path(partition, schema)
         found.sort(key=lambda item: (_sequence_number(item[1]), item[1].data_file.file_path))
@@ -533,7 +542,7 @@ def _kept_rows(
             return None, SHARED_PATH
         if files:
             seq, spec_id, partition = files[0]
-            if (spec_id, partition) != (group.spec_id, group.partition):
+            if spec_id != group.spec_id or not same_partition(partition, group.partition):
                 return None, OTHER_PARTITION
             live_seqs.append(seq)
         else:
@@ -720,12 +729,12 @@ def commit_delete_rewrite(
     snapshot_properties: dict[str, str],
     retry: RetryPolicy | None = None,
     sleep: Callable[[float], None] = time.sleep,
-    on_file: Callable[[list[str]], None] | None = None,
-    fence: Callable[[], None] | None = None,
+    journal: CommitJournal | None = None,
 ) -> DeleteCommitOutcome:
     """Commit the rewritten ``groups`` as one ``replace`` snapshot; refused groups are reported.
 
-    The caller owns the outputs of refused groups and deletes them. Raises
+    The caller owns the outputs of refused groups and deletes them. ``journal`` records files
+    and catalog calls first (:func:`compactor.commit.committer.commit_on_branch`). Raises
     :class:`CommitStateUnknownError` when the catalog cannot tell whether the commit landed.
     """
     outcome = DeleteCommitOutcome()
@@ -760,8 +769,7 @@ def commit_delete_rewrite(
         build,
         retry=retry or RetryPolicy.for_table(table),
         sleep=sleep,
-        on_file=on_file,
-        fence=fence,
+        journal=journal,
     )
     if outcome.snapshot_id is not None:
         outcome.committed = list(pending.values())

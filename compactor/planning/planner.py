@@ -39,14 +39,15 @@ from compactor.errors import UsageError, first_line
 from compactor.iceberg.interop import refuse_fixed_partitions
 from compactor.iceberg.pyiceberg_compat import (
     POSITION_DELETE_FILE_PATH_ID,
-    DeleteFileIndex,
     FilePruner,
+    PositionDeleteIndex,
     delete_file_key,
     is_deletion_vector,
     manifest_entries,
     referenced_data_file,
     snapshot_manifests,
 )
+from compactor.iceberg.value_keys import PartitionKey, partition_key
 from compactor.options import RewriteOptions
 from compactor.planning.sort_order import Clustering, resolve_clustering
 
@@ -214,7 +215,7 @@ def parse_where(table: Table, where: str | None) -> BooleanExpression:
 class _ManifestScan:
     data: list[tuple[ManifestEntry, str]] = field(default_factory=list)
     live_entries: dict[str, int] = field(default_factory=dict)
-    position_deletes: DeleteFileIndex = field(default_factory=DeleteFileIndex)
+    position_deletes: PositionDeleteIndex = field(default_factory=PositionDeleteIndex)
     # Deletion vectors by the data file they name, with their data sequence numbers.
     deletion_vectors: dict[str, list[tuple[int, DataFile]]] = field(
         default_factory=lambda: defaultdict(list)
@@ -244,9 +245,7 @@ def _read_manifests(table: Table, manifests: Iterable[ManifestFile]) -> _Manifes
                     target = referenced_data_file(entry.data_file) or ""
                     scan.deletion_vectors[target].append((seq, entry.data_file))
                 elif content == DataFileContent.POSITION_DELETES:
-                    scan.position_deletes.add_delete_file(
-                        entry, partition_key=entry.data_file.partition
-                    )
+                    scan.position_deletes.add_delete_file(entry)
                 else:
                     scan.equality_deletes.append(entry)
     return scan
@@ -265,12 +264,14 @@ class EqualityDeleteIndex:
     """Which equality deletes apply to a data file, by the spec's scoping rules.
 
     A delete applies to data files with a strictly lower data sequence number, in its partition
-    (same spec and partition tuple), or to every partition when its spec is unpartitioned.
+    (same spec and partition tuple, compared by :func:`partition_key`), or to every partition
+    when its spec is unpartitioned.
     """
 
     def __init__(self, specs: dict[int, PartitionSpec], entries: Iterable[ManifestEntry]) -> None:
         self.global_deletes: list[tuple[int, DataFile]] = []
-        self.by_partition: dict[tuple[int, Record], list[tuple[int, DataFile]]] = defaultdict(list)
+        self.by_partition: defaultdict[tuple[int, PartitionKey], list[tuple[int, DataFile]]]
+        self.by_partition = defaultdict(list)
         self.sequence_numbers: dict[str, int] = {}
         for entry in entries:
             seq = entry.sequence_number or INITIAL_SEQUENCE_NUMBER
@@ -279,12 +280,12 @@ class EqualityDeleteIndex:
             if is_unpartitioned(specs[delete_file.spec_id]):
                 self.global_deletes.append((seq, delete_file))
             else:
-                key = (delete_file.spec_id, delete_file.partition)
+                key = (delete_file.spec_id, partition_key(delete_file.partition))
                 self.by_partition[key].append((seq, delete_file))
 
     def for_data_file(self, entry: ManifestEntry) -> list[DataFile]:
         seq = entry.sequence_number or INITIAL_SEQUENCE_NUMBER
-        key = (entry.data_file.spec_id, entry.data_file.partition)
+        key = (entry.data_file.spec_id, partition_key(entry.data_file.partition))
         scoped = self.global_deletes + self.by_partition.get(key, [])
         return [d for delete_seq, d in scoped if delete_seq > seq]
 
@@ -424,8 +425,8 @@ def plan_rewrite(
     global_targets_complete = isinstance(row_filter, AlwaysTrue)
     top_level = _top_level_ids(metadata.schema())
 
-    # (spec id, partition); (output spec id, None) for files moving into the output spec.
-    candidates: dict[tuple[int, Record | None], list[InputFile]] = defaultdict(list)
+    # (spec id, partition key); (output spec id, None) for files moving into the output spec.
+    candidates: dict[tuple[int, PartitionKey | None], list[InputFile]] = defaultdict(list)
     specs = metadata.specs()
     incomplete: set[str] = set()
     delete_targets: dict[str, set[str]] = defaultdict(set)
@@ -436,9 +437,7 @@ def plan_rewrite(
             continue
         seq = entry.sequence_number or INITIAL_SEQUENCE_NUMBER
         dvs = [d for d_seq, d in scan.deletion_vectors.get(data_file.file_path, []) if d_seq >= seq]
-        legacy = scan.position_deletes.for_data_file(
-            seq, data_file, partition_key=data_file.partition
-        )
+        legacy = scan.position_deletes.for_data_file(seq, data_file)
         # A DV holds every deleted position of its file (writers merge older position deletes
         # into it), so readers ignore position delete files there, as Iceberg Java does.
         deletes = sorted(dvs or legacy, key=delete_file_key)
@@ -470,7 +469,11 @@ def plan_rewrite(
         if any(not set(d.equality_ids or ()) <= top_level for d in equality):
             plan.skipped["equality_deletes_on_columns_no_longer_in_the_schema"] += 1
             continue
-        key = (output_spec, None) if moving else (data_file.spec_id, data_file.partition)
+        key = (
+            (output_spec, None)
+            if moving
+            else (data_file.spec_id, partition_key(data_file.partition))
+        )
         candidates[key].append(
             InputFile(
                 data_file,
@@ -484,10 +487,11 @@ def plan_rewrite(
 
     schema = metadata.schema()
     groups: list[FileGroup] = []
-    for (spec_id, partition), files in candidates.items():
+    for (spec_id, key), files in candidates.items():
         files.sort(key=lambda f: (f.data_sequence_number, f.path))
         spec = specs[spec_id]
-        if partition is None:
+        partition = Record() if key is None else files[0].data_file.partition
+        if key is None:
             path = f"(other specs into spec {spec_id})"
         else:
             path = "" if is_unpartitioned(spec) else spec.partition_to_path(partition, schema)
@@ -495,11 +499,11 @@ def plan_rewrite(
             group = FileGroup(
                 0,
                 spec_id,
-                Record() if partition is None else partition,
+                partition,
                 path,
                 members,
                 options.target_file_size,
-                repartition=partition is None,
+                repartition=key is None,
             )
             reason = _skip_reason(group, options)
             if reason:

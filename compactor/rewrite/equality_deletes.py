@@ -2,15 +2,17 @@
 
 An equality-delete file lists values of the columns its ``equality_ids`` name (by field id, so
 renamed columns still match); a row is deleted when all of them are equal, null equal to null
-and, as in Iceberg Java, floating-point values compared bit for bit (NaN equals NaN, -0.0 is not
-0.0). Which delete files apply to which data file (sequence numbers, partitions, global deletes
-under an unpartitioned spec) is decided by the planner; this module only applies them.
+and, as in Iceberg Java, floating-point values compared by their canonical bits (every NaN equals
+every NaN whatever its payload, -0.0 is not 0.0). Which delete files apply to which data file
+(sequence numbers, partitions, global deletes under an unpartitioned spec) is decided by the
+planner; this module only applies them.
 
 Vectorised: each batch is anti-joined in Arrow (Acero's hash join) against the keys of the
 delete files that apply to it, row order kept. Memory: the key columns of the equality deletes
 that apply to one group's files are held while the group is rewritten (they are read once per
-group and shared by every file they apply to) — about the size of those columns decoded, which
-is what Java's reader holds too.
+partition of the group and shared by every file of it they apply to) — about the size of those
+columns decoded, which is what Java's reader holds too. Key columns are joined on their storage
+type (a uuid as its 16 bytes).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.schema import Schema
 
 from compactor.errors import DataFileError, file_error
+from compactor.iceberg.pyiceberg_compat import arrow_storage
+from compactor.iceberg.value_keys import canonical_array
 
 if TYPE_CHECKING:
     from compactor.planning.planner import TaskInput
@@ -45,13 +49,7 @@ def equality_deletes_of(delete_files: Sequence[DataFile]) -> list[DataFile]:
 
 def _key_column(array: pa.ChunkedArray | pa.Array) -> list[pa.Array | pa.ChunkedArray]:
     """``array`` as join keys without nulls: a validity flag and the values with nulls filled."""
-    if pa.types.is_floating(array.type):
-        width = {16: pa.int16(), 32: pa.int32(), 64: pa.int64()}[array.type.bit_width]
-        array = (
-            pa.chunked_array([c.view(width) for c in array.chunks], width)
-            if isinstance(array, pa.ChunkedArray)
-            else array.view(width)
-        )
+    array = canonical_array(array)
     valid = pc.is_valid(array)
     if array.null_count == 0:
         return [valid, array]
@@ -59,15 +57,15 @@ def _key_column(array: pa.ChunkedArray | pa.Array) -> list[pa.Array | pa.Chunked
 
 
 def _zero(kind: pa.DataType) -> pa.Scalar:
+    """A value of ``kind`` standing in for nulls (their validity flag tells them apart)."""
     if pa.types.is_string(kind) or pa.types.is_large_string(kind):
         return pa.scalar("", kind)
     if pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
         return pa.scalar(b"", kind)
-    if pa.types.is_fixed_size_binary(kind):
-        return pa.scalar(b"\0" * kind.byte_width, kind)
-    if pa.types.is_boolean(kind):
-        return pa.scalar(False)
-    return pa.scalar(0, pa.int64()).cast(kind)
+    # Every other key type is fixed-width (numbers, booleans, dates, times, timestamps,
+    # decimals, fixed, uuid storage): all-zero bytes are one of its values.
+    zeros = pa.py_buffer(bytes(max(kind.bit_width // 8, 1)))
+    return pa.Array.from_buffers(kind, 1, [None, zeros])[0]
 
 
 def _key_table(columns: Sequence[pa.Array | pa.ChunkedArray]) -> dict[str, pa.Array]:
@@ -81,11 +79,14 @@ def _key_table(columns: Sequence[pa.Array | pa.ChunkedArray]) -> dict[str, pa.Ar
 class EqualityDeleteApplier:
     """Filters the batches of a group's input files by the equality deletes that apply to them.
 
-    The deletes of one group all share its partition scope, so which of them apply to an input
-    depends only on sequence numbers: those newer than the input's data sequence number. Keys
-    are therefore read once per group into one table per set of equality columns, each key with
-    the newest sequence number that deletes it, and a row is dropped when its key's sequence
-    number is above its file's.
+    Which deletes apply to an input is the planner's decision: its ``delete_files``. The inputs
+    of one partition take, of that partition's deletes, those newer than their data sequence
+    number; so, per set of equality columns, their delete sets are the newer parts of one
+    *pool*, the delete set of the oldest of them. Keys are read once per pool into one table,
+    each key with the newest sequence number that deletes it, and a row is dropped when its
+    key's sequence number is above its file's. A group of one partition has one pool per set of
+    equality columns; a group moving the files of several partitions into another spec, one per
+    partition.
     """
 
     def __init__(
@@ -97,13 +98,36 @@ class EqualityDeleteApplier:
     ) -> None:
         self._io, self._schema, self._sequence_numbers = io, schema, sequence_numbers
         self._lock = threading.Lock()
-        self._keys: dict[tuple[tuple[int, ...], tuple[pa.DataType, ...]], pa.Table] = {}
-        self._by_ids: dict[tuple[int, ...], dict[str, DataFile]] = {}
-        for f in inputs:
+        self._keys: dict[tuple[int, tuple[pa.DataType, ...]], pa.Table] = {}
+        self._pools: list[dict[str, DataFile]] = []  # delete files by path
+        self._pools_with: dict[str, list[int]] = {}  # delete path -> the pools holding it
+        self._pool_of: dict[tuple[str, tuple[int, ...]], int] = {}  # (input, ids) -> pool
+        for f in sorted(inputs, key=lambda f: f.data_sequence_number):
+            own: dict[tuple[int, ...], dict[str, DataFile]] = {}
             for d in equality_deletes_of(f.delete_files):
                 if d.file_path not in sequence_numbers:
                     raise DataFileError(f"equality delete {d.file_path}: no sequence number given")
-                self._by_ids.setdefault(tuple(d.equality_ids or ()), {})[d.file_path] = d
+                if sequence_numbers[d.file_path] <= f.data_sequence_number:
+                    raise DataFileError(
+                        f"equality delete {d.file_path} was given to data file {f.path}, which "
+                        "is not older (a planning error; nothing was written)"
+                    )
+                own.setdefault(tuple(d.equality_ids or ()), {})[d.file_path] = d
+            for ids, deletes in own.items():
+                self._pool_of[(f.path, ids)] = self._pool(deletes, f.data_sequence_number)
+
+    def _pool(self, deletes: dict[str, DataFile], sequence: int) -> int:
+        """A pool whose deletes newer than ``sequence`` are exactly ``deletes`` (all on the same
+        columns): one already made when there is one, else ``deletes`` as a new pool."""
+        for index in min((self._pools_with.get(path, []) for path in deletes), key=len):
+            newer = {p for p in self._pools[index] if self._sequence_numbers[p] > sequence}
+            if newer == deletes.keys():
+                return index
+        self._pools.append(deletes)
+        index = len(self._pools) - 1
+        for path in deletes:
+            self._pools_with.setdefault(path, []).append(index)
+        return index
 
     def _read_keys(self, delete_file: DataFile) -> pa.Table:
         """The delete file's equality columns, named by field id."""
@@ -135,16 +159,18 @@ class EqualityDeleteApplier:
             raise file_error("delete", path, exc) from exc
         return table.rename_columns([str(i) for i in ids])
 
-    def _keys_for(self, ids: tuple[int, ...], types: tuple[pa.DataType, ...]) -> pa.Table:
-        """Distinct keys on ``ids`` (cast to the data's types), each with its newest deletion."""
+    def _keys_for(self, pool: int, types: tuple[pa.DataType, ...]) -> pa.Table:
+        """The distinct keys of a pool's deletes (cast to the data's ``types``), each with its
+        newest deletion."""
         with self._lock:
-            cached = self._keys.get((ids, types))
+            cached = self._keys.get((pool, types))
             if cached is not None:
                 return cached
             parts = []
-            for path, delete_file in sorted(self._by_ids[ids].items()):
+            for path, delete_file in sorted(self._pools[pool].items()):
                 read = self._read_keys(delete_file)
-                keys = _key_table([read.column(i).cast(kind) for i, kind in enumerate(types)])
+                columns = [arrow_storage(read.column(i)).cast(kind) for i, kind in enumerate(types)]
+                keys = _key_table(columns)
                 sequence = pa.array([self._sequence_numbers[path]] * read.num_rows, pa.int64())
                 parts.append(pa.table({**keys, SEQUENCE: sequence}))
             names = [n for n in parts[0].column_names if n != SEQUENCE]
@@ -152,7 +178,7 @@ class EqualityDeleteApplier:
             keys = newest.rename_columns(
                 [SEQUENCE if n == f"{SEQUENCE}_max" else n for n in newest.column_names]
             )
-            self._keys[(ids, types)] = keys
+            self._keys[(pool, types)] = keys
             return keys
 
     def filter_for(self, f: TaskInput) -> BatchFilter | None:
@@ -161,20 +187,12 @@ class EqualityDeleteApplier:
         if not own:
             return None
         sequence = f.data_sequence_number
-        ids_sets = sorted({tuple(d.equality_ids or ()) for d in own})
-        newer = {
-            path
-            for ids in ids_sets
-            for path in self._by_ids[ids]
-            if self._sequence_numbers[path] > sequence
+        pools = {
+            ids: self._pool_of[(f.path, ids)]
+            for ids in sorted({tuple(d.equality_ids or ()) for d in own})
         }
-        if newer != {d.file_path for d in own}:
-            raise DataFileError(
-                f"data file {f.path}: its equality deletes are not exactly the group's deletes "
-                "newer than it (a planning error; nothing was written)"
-            )
         names: dict[int, str] = {}
-        for ids in ids_sets:
+        for ids in pools:
             for field_id in ids:
                 name = self._schema.find_column_name(field_id)
                 if name is None or "." in name:  # the planner skips such files
@@ -185,11 +203,11 @@ class EqualityDeleteApplier:
                 names[field_id] = name
 
         def apply(batch: pa.RecordBatch) -> pa.RecordBatch:
-            for ids in ids_sets:
+            for ids, pool in pools.items():
                 if batch.num_rows == 0:
                     break
-                columns = [batch.column(names[i]) for i in ids]
-                keys = self._keys_for(ids, tuple(c.type for c in columns))
+                columns = [arrow_storage(batch.column(names[i])) for i in ids]
+                keys = self._keys_for(pool, tuple(c.type for c in columns))
                 left = pa.table(_key_table(columns))
                 left = left.append_column(ROW, pa.array(range(batch.num_rows), pa.int64()))
                 on = [n for n in keys.column_names if n != SEQUENCE]

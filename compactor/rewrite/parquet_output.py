@@ -15,7 +15,6 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyiceberg.io import FileIO
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
-from pyiceberg.partitioning import partition_record_value
 from pyiceberg.schema import Schema
 from pyiceberg.table.locations import LocationProvider
 from pyiceberg.table.metadata import TableMetadata
@@ -24,12 +23,16 @@ from pyiceberg.typedef import Record
 
 from compactor.iceberg.pyiceberg_compat import (
     PartitionPath,
+    arrow_storage,
     file_statistics,
     parquet_writer_kwargs,
+    partition_value,
     read_schema,
     to_write_batch,
+    transform_arrow,
     write_schema,
 )
+from compactor.iceberg.value_keys import canonical_array, same_partition
 from compactor.planning.planner import is_unpartitioned
 from compactor.planning.sort_order import SortField
 from compactor.rewrite.bulk_read import FIELD_ID
@@ -265,9 +268,7 @@ def dictionary_columns(table: pa.Table, leaf_paths: dict[str, list[str]]) -> lis
     chosen = []
     for name, paths in leaf_paths.items():
         column = table.column(name)
-        if isinstance(column.type, pa.BaseExtensionType):  # uuid: judged on its storage
-            kind = column.type.storage_type
-            column = pa.chunked_array([c.storage for c in column.chunks], type=kind)
+        column = arrow_storage(column)  # uuid: judged on its storage
         if pa.types.is_nested(column.type) or _dictionary_pays(column):
             chosen += paths
     return chosen
@@ -315,7 +316,6 @@ class PartitioningWriter:
             (field, positions[field.source_id], schema.find_type(field.source_id))
             for field in spec.fields
         ]
-        self._schema = schema
         self._current: RollingParquetWriter | None = None
         self._done: list[RollingParquetWriter] = []
 
@@ -342,18 +342,18 @@ class PartitioningWriter:
         values = [
             pa.nulls(batch.num_rows)
             if isinstance(field.transform, VoidTransform)
-            else field.transform.pyarrow_transform(kind)(batch.column(position))
+            else transform_arrow(field.transform, kind, batch.column(position))
             for field, position, kind in self._fields
         ]
         starts = _run_starts(values, batch.num_rows)
         for start, end in zip(starts, [*starts[1:], batch.num_rows], strict=True):
             partition = Record(
                 *(
-                    partition_record_value(field, array[start].as_py(), self._schema)
-                    for (field, _, _), array in zip(self._fields, values, strict=True)
+                    partition_value(field, kind, array[start].as_py())
+                    for (field, _, kind), array in zip(self._fields, values, strict=True)
                 )
             )
-            if self._current is None or self._current.out.partition != partition:
+            if self._current is None or not same_partition(self._current.out.partition, partition):
                 self._switch(partition)
             assert self._current is not None
             self._current.write(batch.slice(start, end - start))
@@ -380,12 +380,16 @@ class PartitioningWriter:
 
 
 def _run_starts(values: list[pa.Array], rows: int) -> list[int]:
-    """Positions where any of ``values`` (equal-length arrays) differs from the row before."""
+    """Positions where any of ``values`` (equal-length arrays) differs from the row before.
+
+    Floats compare by :func:`canonical_array`: NaNs are one run, -0.0 and 0.0 two.
+    """
     changed = np.zeros(rows, dtype=bool)
     changed[0] = True
     for array in values:
-        if len(array) < 2:
+        if len(array) < 2 or pa.types.is_null(array.type):  # a void field's: never changes
             continue
+        array = canonical_array(array)
         before, after = array.slice(0, rows - 1), array.slice(1)
         differs = pc.fill_null(pc.not_equal(before, after), False)
         one_null = pc.xor(before.is_null(), after.is_null())

@@ -261,7 +261,8 @@ def rewrite_files(
     ``bulk_read=False`` reads every file through the Iceberg read path.
     With ``clustering`` the rows are sorted (:mod:`compactor.rewrite.sorting`, in runs of half
     ``read_ahead`` bytes) before they are written. With ``repartition`` the inputs (of other
-    specs) are written into ``out``'s spec, split by its partitions: sorted by them first.
+    specs) are written into ``out``'s spec, split by its partitions: sorted by them first (a
+    spec whose fields are all void, or that has none, takes them as they come).
     ``on_read`` is told (files, bytes) as inputs are read: after each file read each, after
     each run read in bulk. A sorted group's inputs count half their bytes as they are read and
     the other half as the sorted rows are written (files 0), so that its progress does not
@@ -274,9 +275,10 @@ def rewrite_files(
         else RollingParquetWriter(out, on_create=on_file_created)
     )
     sink: RollingParquetWriter | PartitioningWriter | SortingWriter = writer
+    prefix = partition_order(out) if repartition else ()
     result = Rewritten()
     try:
-        if clustering is not None or repartition:
+        if clustering is not None or prefix:
             share = _WrittenShare(inputs, read)
             read = share.reading
             sink = SortingWriter(
@@ -286,7 +288,7 @@ def rewrite_files(
                 [f.data_file for f in inputs],
                 # A run being sorted and its sorted copy are held at once: half each.
                 memory=read_ahead // 2,
-                prefix=partition_order(out) if repartition else (),
+                prefix=prefix,
                 between_batches=between_files,
                 on_written=share.rows,
             )

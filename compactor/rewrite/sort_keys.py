@@ -3,20 +3,23 @@
 A sort key concatenates, per sort field, a null marker byte and the (transformed) value in an
 order-preserving encoding: integers, dates, times and timestamps as big-endian 64-bit with the
 sign flipped; floats by their IEEE bits, flipped so that -inf < ... < inf < NaN; decimals as
-their 128-bit unscaled value; fixed-width binary as it is; strings and binary with 0x00
-escaped as 0x00 0xFF and ended by 0x00 0x00 (so no value is a prefix of another). A descending
-field's value bytes are inverted. Byte order of the keys is then the order the fields ask for,
-which lets any number of sorted runs be merged by comparing one column.
+their 128-bit unscaled value; uuids in Iceberg Java's order (two signed longs: the first and
+ninth bytes with their top bit flipped); fixed-width binary as it is; strings and binary with
+0x00 escaped as 0x00 0xFF and ended by 0x00 0x00 (so no value is a prefix of another). A
+descending field's value bytes are inverted. Byte order of the keys is then the order the
+fields ask for, which lets any number of sorted runs be merged by comparing one column.
 
 A z-order key interleaves the bits of each column's value mapped, order preserving, onto
 ``64 // columns`` bits: numbers, dates and times scaled between the group's smallest and
 largest value (from the inputs' column bounds in the manifests, when every input has them),
-strings and binary by their first bytes after the prefix all the group's values share. Nulls
-map to the smallest value and NaN to the largest.
+strings and binary by their first bytes after the prefix all the group's values share, uuids
+by the first bytes of their sort encoding. Nulls map to the smallest value and NaN to the
+largest.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +40,7 @@ from pyiceberg.types import (
     UUIDType,
 )
 
+from compactor.iceberg.pyiceberg_compat import arrow_storage, transform_arrow
 from compactor.planning.sort_order import Clustering, SortField
 
 _BYTES_TYPES = (StringType, BinaryType, FixedType, UUIDType)
@@ -110,12 +114,25 @@ def _value_bytes(array: pa.Array) -> pa.Array:
     return _as_binary(_big_endian(_integers(array).view(np.uint64) ^ _SIGN))
 
 
+def _uuid_bytes(array: pa.Array) -> np.ndarray:
+    """uuids (as their 16 bytes) as an (n, 16) uint8 matrix whose unsigned order is Iceberg
+    Java's: ``java.util.UUID`` compares its halves as signed longs, most significant first."""
+    array = pa.concat_arrays([array]) if array.offset else array
+    data = np.frombuffer(array.buffers()[1], dtype=np.uint8)[: 16 * len(array)]
+    matrix = data.reshape(-1, 16).copy()
+    matrix[:, [0, 8]] ^= 0x80
+    return matrix
+
+
 def _field_key(array: pa.Array, field: SortField, source_type: IcebergType) -> pa.Array:
-    if field.transform != "identity":
-        array = parse_transform(field.transform).pyarrow_transform(source_type)(array)
+    transform = parse_transform(field.transform)
+    array = transform_arrow(transform, source_type, array)
     if isinstance(array, pa.ChunkedArray):
         array = array.combine_chunks()
-    value = _value_bytes(array)
+    if isinstance(transform.result_type(source_type), UUIDType):
+        value = _as_binary(_uuid_bytes(array))
+    else:
+        value = _value_bytes(array)
     if field.descending:
         value = _invert(value)
     nulls = np.asarray(array.is_null(), dtype=bool)
@@ -135,6 +152,7 @@ class _ZColumn:
 
     def values(self, array: pa.Array) -> np.ndarray:
         """Each value's ``bits``-bit code, order preserving; nulls 0."""
+        array = arrow_storage(array)
         if isinstance(self.iceberg_type, _BYTES_TYPES):
             codes = self._byte_codes(array)
         else:
@@ -149,7 +167,8 @@ class _ZColumn:
             array = pc.cast(array, pa.int8())
         elif pa.types.is_temporal(array.type):
             array = array.cast(pa.int64() if array.type.bit_width == 64 else pa.int32())
-        numbers = pc.cast(array, pa.float64()).to_numpy(zero_copy_only=False)
+        # Longs beyond 2**53 round to the nearest double: still in order.
+        numbers = pc.cast(array, pa.float64(), safe=False).to_numpy(zero_copy_only=False)
         numbers = np.nan_to_num(numbers, nan=np.inf, posinf=np.inf, neginf=-np.inf)
         low, high = _as_float(self.low), _as_float(self.high)
         if low is not None and high is not None and high > low:
@@ -157,14 +176,17 @@ class _ZColumn:
             return np.nan_to_num(scaled, nan=0.0).astype(np.uint64)
         if low is not None and high is not None:  # one value in the whole group
             return np.zeros(len(numbers), dtype=np.uint64)
-        # No bounds: the float's bits, flipped so that unsigned order is numeric order.
+        # No finite bounds: the float's bits, flipped so that unsigned order is numeric order.
         return _ordered_float_bits(numbers) >> np.uint64(64 - self.bits)
 
     def _byte_codes(self, array: pa.Array) -> np.ndarray:
         prefix = _common_prefix(self.low, self.high)
-        binary = array.cast(pa.binary()) if not pa.types.is_binary(array.type) else array
-        if prefix:
-            binary = pc.binary_slice(binary, len(prefix))
+        if isinstance(self.iceberg_type, UUIDType):  # bits flipped in place: same prefix length
+            binary = _as_binary(_uuid_bytes(array))
+        else:
+            binary = array.cast(pa.binary()) if not pa.types.is_binary(array.type) else array
+        if prefix:  # (pyarrow 23's binary_slice fails on 10+ values when given no stop)
+            binary = pc.binary_slice(binary, len(prefix), len(prefix) + 8)
         binary = pa.concat_arrays([binary]) if binary.offset else binary
         offsets = np.frombuffer(binary.buffers()[1], dtype=np.int32)[: len(binary) + 1]
         data_buffer = binary.buffers()[2]
@@ -180,9 +202,11 @@ class _ZColumn:
 
 
 def _as_float(value: Any) -> float | None:
+    """A bound as a float; None when it cannot scale values (not a number, or infinite)."""
     if value is None or isinstance(value, bytes | str):
         return None
-    return float(value)
+    number = float(value)
+    return number if math.isfinite(number) else None
 
 
 def _as_bytes(value: Any) -> bytes | None:
