@@ -1,7 +1,7 @@
 """One compaction run: lease, plan, tasks, executor, commits — and cleanup, whatever happens.
 
-:func:`compact` composes the pieces: it takes the table's lease (:mod:`compactor.commit.inflight`),
-plans (:mod:`compactor.planning.planner`), turns the plan's groups into
+:func:`compact` composes the pieces: it holds the table for the run
+(:class:`~compactor.commit.run_scope.RunScope`: lease, record, clean-up), plans (:mod:`compactor.planning.planner`), turns the plan's groups into
 :class:`~compactor.planning.tasks.RewriteTask` objects, hands them to an executor
 (:mod:`compactor.execute.executors`), and feeds the results, as they arrive, to a
 :class:`CommitManager`. Without partial progress the run is all or nothing: a failed group
@@ -31,10 +31,10 @@ from pyiceberg.table.snapshots import ancestors_of
 
 from compactor import __version__
 from compactor.commit.committer import CommitOutcome, commit_replace
-from compactor.commit.inflight import PendingCommit, RunLease, remove_run_files
+from compactor.commit.inflight import PendingCommit
+from compactor.commit.run_scope import RunScope
 from compactor.errors import (
     CommitConflictError,
-    CommitStateUnknownError,
     CompactorError,
     UnreadableFileError,
     first_line,
@@ -208,17 +208,15 @@ class RunResult:
 class CommitManager:
     """Commits finished tasks in batches of ``commit_batch_size`` and records what happened.
 
-    Knows which output files the table may now reference (``committed_outputs``), and whether
-    a commit's outcome is in doubt (``in_doubt``): then no file of the run may be deleted.
+    Tells the run's scope which output files the table now references, and commits inside its
+    :meth:`~compactor.commit.run_scope.RunScope.committing` (no clean-up while one is in doubt).
     """
 
-    def __init__(self, table: Table, result: RunResult, options: RewriteOptions, lease: RunLease):
-        self.table, self.result, self.options, self.lease = table, result, options, lease
+    def __init__(self, table: Table, result: RunResult, options: RewriteOptions, scope: RunScope):
+        self.table, self.result, self.options, self.scope = table, result, options, scope
         self.plan = result.plan
         self.batch_size = options.commit_batch_size(len(self.plan.groups))
         self.pending: list[TaskResult] = []
-        self.committed_outputs: set[str] = set()
-        self.in_doubt = False
         self._rewritten: set[str] = set()  # input files replaced by this run's commits so far
         self.failed_commits = 0  # with partial progress: batches that committed nothing
 
@@ -271,36 +269,25 @@ class CommitManager:
         if self.result.skipped_files:
             skipped = sorted({f.path for f in self.result.skipped_files})
             properties[UNREADABLE_FILES_PROPERTY] = json.dumps(skipped)
-        # In doubt from before the catalog call until the committed files are recorded: a
-        # signal anywhere in between leaves every file in place (see ``_clean_up``).
-        self.in_doubt = True
         try:
-            outcome = commit_replace(
-                self.table,
-                self.plan,
-                batch,
-                properties,
-                rewritten_before=frozenset(self._rewritten),
-                journal=self.lease,
-            )
-        except CommitStateUnknownError:
-            raise  # it may still land: every file of the run stays
+            # In doubt from before the catalog call until the committed files are recorded.
+            with self.scope.committing():
+                outcome = commit_replace(
+                    self.table,
+                    self.plan,
+                    batch,
+                    properties,
+                    rewritten_before=frozenset(self._rewritten),
+                    journal=self.scope.journal,
+                )
+                self.scope.keep(d.file_path for r in outcome.committed for d in r.data_files)
         except CommitConflictError as exc:
-            self.in_doubt = False
-            if not self.options.partial_progress or self.lease.lost:
+            if not self.options.partial_progress or self.scope.lost:
                 raise
             for r in batch:
                 self.fail(r.task_id, CONFLICT, exc)
             self._count_failed_commit()
             return
-        except Exception:
-            self.in_doubt = False  # refused for certain, or failed before the catalog call
-            raise
-        if outcome.snapshot_id is not None:
-            self.committed_outputs.update(
-                d.file_path for r in outcome.committed for d in r.data_files
-            )
-        self.in_doubt = False
         for group_id, reason in sorted(outcome.conflicts.items()):
             self.fail(group_id, CONFLICT, reason)
         if outcome.snapshot_id is not None:
@@ -391,19 +378,6 @@ def _rewrite_and_commit(
     commits.result.stopped = stop.is_set()
 
 
-def _clean_up(table: Table, run_id: str, commits: CommitManager) -> list[str] | None:
-    """Delete what the run's tasks wrote and it did not commit, then their intent files.
-
-    Returns the files that could not be deleted; None, deleting nothing, when a commit's
-    outcome is unknown: it may still land, so the next run decides once the table's state is
-    certain.
-    """
-    if commits.in_doubt:
-        return None
-    _, failed = remove_run_files(table, [run_id], [], lambda: commits.committed_outputs)
-    return failed
-
-
 def last_unreadable_files(table: Table) -> list[str]:
     """The unreadable files the last compaction committed on ``table``'s main branch skipped.
 
@@ -476,27 +450,15 @@ def _run(
     stop: threading.Event | None,
     grown_before: Collection[frozenset[str]],
 ) -> RunResult:
-    lease = RunLease(table, run_id, options.lease_ttl_s)
-    lease.acquire()
-    undeleted: list[str] | None = []
-    try:
+    with RunScope(table, run_id, options.lease_ttl_s) as scope:
         plan = plan_rewrite(table, identifier, options, grown_before)
         result = RunResult(identifier, plan, run_id)
         if result.plan.groups:
             if progress:
                 progress.start(result.plan)
             tasks = plan_tasks(result.plan, run_id, table.io.properties)
-            commits = CommitManager(table, result, options, lease)
-            undeleted = None  # until the clean-up has run to its end
-            try:
-                _rewrite_and_commit(tasks, executor, commits, progress, stop or threading.Event())
-            finally:
-                undeleted = _clean_up(table, run_id, commits)
-    finally:
-        # Keep the record, expired, while files may remain: the next run finishes the clean-up.
-        if undeleted != []:
-            lease.abandon()
-        else:
-            lease.release()
-    result.recovered_files, result.commits_in_doubt = lease.recovered, lease.in_doubt
+            commits = CommitManager(table, result, options, scope)
+            scope.start_writing()
+            _rewrite_and_commit(tasks, executor, commits, progress, stop or threading.Event())
+    result.recovered_files, result.commits_in_doubt = scope.recovered, scope.in_doubt
     return result

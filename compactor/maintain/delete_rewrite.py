@@ -75,10 +75,10 @@ from compactor.commit.committer import (
     commit_on_branch,
     replace_snapshot,
 )
-from compactor.commit.inflight import PendingCommit, RunLease, remove_run_files
+from compactor.commit.inflight import PendingCommit
+from compactor.commit.run_scope import RunScope
 from compactor.errors import (
     CommitConflictError,
-    CommitStateUnknownError,
     CompactorError,
     DataFileError,
     UnsupportedTableError,
@@ -307,15 +307,9 @@ def rewrite_position_deletes(
         result.duration_s = time.monotonic() - started
         return result
 
-    lease = RunLease(table, run_id, lease_ttl_s)
-    lease.acquire()
-    in_doubt = False
-    undeleted: list[str] | None = []
-    wrote = False
-    try:
+    with RunScope(table, run_id, lease_ttl_s) as scope:
         scan = _plan(table, row_filter, result)
-        undeleted = None  # until the clean-up has run to its end
-        wrote = True
+        scope.start_writing()
         for group in scan.groups:
             intent = IntentLog(table.io, table.metadata.location, run_id, group.group_id)
             writer = (run_id, intent.add, target)
@@ -327,17 +321,17 @@ def rewrite_position_deletes(
                 SNAPSHOT_PROPERTY_RUN_ID: run_id,
                 SNAPSHOT_PROPERTY_ACTION: ACTION,
             }
-            in_doubt = True
-            outcome = commit_delete_rewrite(
-                table,
-                identifier,
-                result.start_snapshot_id,
-                scan.start_manifests,
-                result.groups,
-                properties,
-                journal=lease,
-            )
-            in_doubt = False
+            with scope.committing():
+                outcome = commit_delete_rewrite(
+                    table,
+                    identifier,
+                    result.start_snapshot_id,
+                    scan.start_manifests,
+                    result.groups,
+                    properties,
+                    journal=scope.journal,
+                )
+                scope.keep(d.file_path for g in outcome.committed for d in g.outputs)
             result.snapshot_id = outcome.snapshot_id
             result.committed = outcome.committed
             result.conflicts = outcome.conflicts
@@ -345,21 +339,7 @@ def rewrite_position_deletes(
         result.delete_files_after = (
             _live_delete_kinds(table) if result.snapshot_id else dict(result.delete_files_before)
         )
-    except CommitStateUnknownError:
-        raise  # it may still land: every file of the run stays
-    except Exception:
-        in_doubt = False  # refused for certain, or failed before the catalog call
-        raise
-    finally:
-        if wrote and not in_doubt:
-            committed = {d.file_path for g in result.committed for d in g.outputs}
-            _, undeleted = remove_run_files(table, [run_id], [], lambda: committed)
-        # Keep the record, expired, while files may remain: the next run finishes the clean-up.
-        if undeleted != []:
-            lease.abandon()
-        else:
-            lease.release()
-    result.recovered_files, result.commits_in_doubt = lease.recovered, lease.in_doubt
+    result.recovered_files, result.commits_in_doubt = scope.recovered, scope.in_doubt
     result.duration_s = time.monotonic() - started
     return result
 
