@@ -1,5 +1,5 @@
 """Rewrite tasks as plain data: exact JSON round trips, runs in a fresh process, intent files,
-cancellation, and the README's library example."""
+cancellation, and the library examples of the README and docs/library.md."""
 
 from __future__ import annotations
 
@@ -68,6 +68,7 @@ from compactor.rewrite.intent import listed_files
 from compactor.rewrite.task_runner import TaskCancelled, run_task
 
 README = Path(__file__).parent.parent / "README.md"
+LIBRARY_DOC = Path(__file__).parent.parent / "docs" / "library.md"
 SMALL = {"target_file_size": "1MiB", "allow_small_target": True, "min_input_files": 2}
 # A target small enough for one group of the events table to roll over to a second file.
 ROLLING = {"target_file_size": "32KiB", "allow_small_target": True, "min_input_files": 2}
@@ -452,18 +453,26 @@ def test_orphans_keep_the_intent_files_of_a_recorded_run_and_what_they_list(
     assert swept["files_deleted"] == 1
 
 
-# --- the README's library example ---------------------------------------------------------------
+# --- the library examples of the README and docs/library.md ---------------------------------------
 
 
-def _readme_library_blocks() -> list[str]:
-    text = README.read_text()
-    section = text.split("\n## Library", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
+def _python_blocks(text: str) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL)
 
 
-def test_the_readme_library_examples_run(catalog: SqlCatalog, tmp_path: Path) -> None:
-    blocks = _readme_library_blocks()
-    assert len(blocks) == 2
+def _library_examples() -> list[str]:
+    """The README's library example and every example of docs/library.md, each once."""
+    section = README.read_text().split("\n## Library", 1)[1].split("\n## ", 1)[0]
+    front_page = _python_blocks(section)
+    manual = _python_blocks(LIBRARY_DOC.read_text())
+    assert len(front_page) == 1, "the README's Library section has one example"
+    assert len(manual) == 2, "docs/library.md has the plan-and-compact and executor examples"
+    return list(dict.fromkeys([*front_page, *manual]))
+
+
+def test_the_library_examples_run(catalog: SqlCatalog, tmp_path: Path) -> None:
+    blocks = _library_examples()
+    assert len(blocks) >= 2
     # The examples name the catalog "lake"; a SQL catalog keeps tables per catalog name.
     catalog = SqlCatalog("lake", **catalog.properties)
     catalog.create_namespace("db")
