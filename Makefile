@@ -5,7 +5,7 @@ BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed-stamp
 DEMO_HOME ?= $(CURDIR)/.compactor-demo
 
-.PHONY: venv demo test test-quick lint format clean
+.PHONY: venv demo test test-quick fuzz lint types check format clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "compactor needs Python 3.11+ (set PYTHON=...)")'
@@ -25,13 +25,22 @@ test: venv  ## run the whole test suite (starts the servers it needs by itself)
 test-quick: venv  ## everything but the tests marked slow: the inner loop while developing
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup -m "not slow"
 
-lint: venv
-	$(BIN)/ruff check compactor tests
-	$(BIN)/ruff format --check compactor tests
+SEEDS ?= 20
+fuzz: venv  ## random table histories judged by Iceberg Java: `make fuzz SEEDS=100`, or SEED=1234 for one
+	$(BIN)/python tests/fuzz.py $(if $(SEED),--seed $(SEED),--seeds $(SEEDS))
+
+lint: venv  ## ruff's lint rules and formatting, checked (`make format` applies them)
+	$(BIN)/ruff check compactor tests deploy
+	$(BIN)/ruff format --check compactor tests deploy
+
+types: venv  ## mypy over compactor/ (configured in pyproject.toml)
+	$(BIN)/mypy
+
+check: lint types test  ## what CI runs
 
 format: venv
-	$(BIN)/ruff check --fix compactor tests
-	$(BIN)/ruff format compactor tests
+	$(BIN)/ruff check --fix compactor tests deploy
+	$(BIN)/ruff format compactor tests deploy
 
 clean:
 	rm -rf $(VENV) $(DEMO_HOME) .pytest_cache .ruff_cache *.egg-info

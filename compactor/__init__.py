@@ -12,6 +12,9 @@ The library API (see the README's "Library" section)::
 - :class:`RewriteTask`, :class:`TaskResult` and :func:`run_task` are the seam for custom
   executors: a task is plain data (``to_json``/``from_json``) that :func:`run_task` rewrites
   in any process; :class:`Executor` is what ``compact(executor=...)`` accepts.
+- Results: :class:`RunResult` (``compact``; ``backed_off`` when another run holds the table),
+  :class:`DeleteRewriteResult`, :class:`ExpireResult`, :class:`OrphanResult`; each has
+  ``to_dict()``, the command's ``--json`` output.
 - Errors derive from :class:`CompactorError`; :class:`UsageError` for bad options.
 
 Names are imported on first use: ``import compactor`` alone reads no pyiceberg configuration.
@@ -46,6 +49,10 @@ _LAZY = {
     "resolve_options": "compactor.options",
     "Plan": "compactor.planning.planner",
     "RunResult": "compactor.compaction",
+    "DeleteRewriteResult": "compactor.maintain.delete_rewrite",
+    "ExpireResult": "compactor.maintain.expire",
+    "OrphanResult": "compactor.maintain.orphans",
+    "PendingCommit": "compactor.commit.inflight",
     "RewriteTask": "compactor.planning.tasks",
     "TaskInput": "compactor.planning.planner",
     "TaskResult": "compactor.planning.tasks",
@@ -64,9 +71,13 @@ __all__ = [
     "CompactorError",
     "ConfigError",
     "DataFileError",
+    "DeleteRewriteResult",
     "Executor",
+    "ExpireResult",
     "GcDisabledError",
     "LeaseHeldError",
+    "OrphanResult",
+    "PendingCommit",
     "Plan",
     "RewriteOptions",
     "RewriteTask",
@@ -89,9 +100,12 @@ __all__ = [
 
 if TYPE_CHECKING:
     from compactor.api import compact, expire_snapshots, plan, remove_orphans, rewrite_deletes
-    from compactor.commit.inflight import LeaseHeldError
+    from compactor.commit.inflight import LeaseHeldError, PendingCommit
     from compactor.compaction import RunResult
     from compactor.execute.executors import Executor, ThreadExecutor
+    from compactor.maintain.delete_rewrite import DeleteRewriteResult
+    from compactor.maintain.expire import ExpireResult
+    from compactor.maintain.orphans import OrphanResult
     from compactor.options import RewriteOptions, resolve_options
     from compactor.planning.planner import Plan, TaskInput
     from compactor.planning.tasks import RewriteTask, TaskResult

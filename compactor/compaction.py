@@ -1,6 +1,6 @@
 """One compaction run: lease, plan, tasks, executor, commits — and cleanup, whatever happens.
 
-:func:`compact` composes the pieces: it holds the table for the run
+:func:`compact_table` composes the pieces: it holds the table for the run
 (:class:`~compactor.commit.run_scope.RunScope`: lease, record, clean-up), plans (:mod:`compactor.planning.planner`), turns the plan's groups into
 :class:`~compactor.planning.tasks.RewriteTask` objects, hands them to an executor
 (:mod:`compactor.execute.executors`), and feeds the results, as they arrive, to a
@@ -26,6 +26,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import ancestors_of
 
@@ -41,6 +42,7 @@ from compactor.errors import (
 )
 from compactor.execute import make_executor
 from compactor.execute.executors import Executor, ThreadExecutor
+from compactor.iceberg.catalogs import identifier_of
 from compactor.options import (
     MAX_OUTPUT_GROWTH,
     MIN_FILE_REDUCTION_FOR_GROWTH,
@@ -50,7 +52,7 @@ from compactor.options import (
     RewriteOptions,
 )
 from compactor.planning.health import delete_file_kinds
-from compactor.planning.planner import FileGroup, Plan, plan_rewrite
+from compactor.planning.planner import FileGroup, InputFile, Plan, plan_rewrite
 from compactor.planning.tasks import RewriteTask, TaskResult, plan_tasks
 from compactor.rewrite.task_runner import EventToken, TaskCancelled
 from compactor.sizes import count, format_size, peak_rss_bytes
@@ -166,10 +168,24 @@ class RunResult:
     def errors(self) -> list[GroupFailure]:
         return [f for f in self.failures if f.kind == ERROR]
 
+    @property
+    def conflicts(self) -> list[GroupFailure]:
+        """Groups left out because a concurrent commit touched their files."""
+        return [f for f in self.failures if f.kind == CONFLICT]
+
+    @property
+    def rewritten_files(self) -> list[InputFile]:
+        """The data files committed groups replaced."""
+        return [f for g in self.committed_groups for f in g.files]
+
+    @property
+    def added_files(self) -> list[DataFile]:
+        """The data files committed groups added."""
+        return [d for r in self.committed for d in r.data_files]
+
     def to_dict(self) -> dict[str, Any]:
         committed = self.committed
-        rewritten = [f for g in self.committed_groups for f in g.files]
-        added = [d for r in committed for d in r.data_files]
+        rewritten, added = self.rewritten_files, self.added_files
         removed_deletes = [d for c in self.commits for d in c.removed_delete_files]
         return {
             "table": self.table,
@@ -395,16 +411,16 @@ def new_run_id() -> str:
     return uuid.uuid4().hex[:12]
 
 
-def backed_off(table: Table, identifier: str, options: RewriteOptions, reason: str) -> RunResult:
+def backed_off(table: Table, options: RewriteOptions, reason: str) -> RunResult:
     """The result of a run that backed off because another run holds ``table``: what it would
     have rewritten, nothing committed."""
+    identifier = identifier_of(table)
     plan = plan_rewrite(table, identifier, options)
     return RunResult(identifier, plan, new_run_id(), backed_off=reason)
 
 
-def compact(
+def compact_table(
     table: Table,
-    identifier: str,
     options: RewriteOptions,
     *,
     dry_run: bool = False,
@@ -423,7 +439,7 @@ def compact(
     previous run's :attr:`RunResult.grown_inputs`) are not rewritten again.
     """
     started = time.monotonic()
-    run_id = new_run_id()
+    run_id, identifier = new_run_id(), identifier_of(table)
     if dry_run:
         plan = plan_rewrite(table, identifier, options, grown_before)
         result = RunResult(identifier, plan, run_id, dry_run=True)

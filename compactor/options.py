@@ -41,12 +41,12 @@ MAX_FILE_SIZE_RATIO = 1.80
 # rewrite-job-order values, and compactor's default, most files first.
 RewriteJobOrder = Literal["most-fragmented", "bytes-asc", "bytes-desc", "files-asc", "files-desc"]
 REWRITE_JOB_ORDERS = get_args(RewriteJobOrder)
-DEFAULT_REWRITE_JOB_ORDER = "most-fragmented"
+DEFAULT_REWRITE_JOB_ORDER: RewriteJobOrder = "most-fragmented"
 DEFAULT_MIN_INPUT_FILES = 5
 # How a group's rows are ordered: as read (bin-pack), sorted, or z-ordered (Spark's strategies).
 Strategy = Literal["binpack", "sort", "zorder"]
 STRATEGIES = get_args(Strategy)
-DEFAULT_STRATEGY = "binpack"
+DEFAULT_STRATEGY: Strategy = "binpack"
 # Files with many deletes are candidates even when right-sized (as Spark's rewrite_data_files):
 # at least N delete files (off unless given), or deleted rows >= this share of the file's rows.
 DEFAULT_DELETE_FILE_THRESHOLD: int | None = None
@@ -88,7 +88,7 @@ DEFAULT_LEASE_TTL_S = 600.0
 # Where groups are rewritten: threads of this process, or tasks on a Ray cluster (compactor[ray]).
 Executor = Literal["threads", "ray"]
 EXECUTORS = get_args(Executor)
-DEFAULT_EXECUTOR = "threads"
+DEFAULT_EXECUTOR: Executor = "threads"
 # Orphan removal never deletes files younger than this unless explicitly allowed
 # (--allow-short-older-than): a commit or a compaction run in flight may still need them.
 # Spark's remove_orphan_files defaults to 3 days, Trino refuses less than 7 days by default.

@@ -79,7 +79,7 @@ class Timers:
 
 @contextmanager
 def timed(timers: Timers) -> Iterator[None]:
-    """Time plan_rewrite and commit_replace as compact() calls them, and catalog calls."""
+    """Time plan_rewrite and commit_replace as compact_table() calls them, and catalog calls."""
     originals = {
         (compaction, "plan_rewrite"): compaction.plan_rewrite,
         (compaction, "commit_replace"): compaction.commit_replace,
@@ -105,7 +105,7 @@ def run_once(
     timers.reset()
     with timed(timers):
         started = time.perf_counter()
-        result = compaction.compact(table, identifier, options, executor=executor)
+        result = compaction.compact_table(table, options, executor=executor)
         seconds = time.perf_counter() - started
     document = result.to_dict()
     assert not document["failed_groups"], document["failed_groups"]
@@ -216,7 +216,7 @@ def many_files_benchmark(files: int, workdir: Path) -> dict[str, Any]:
     timers = Timers()
     with timed(timers):
         started = time.perf_counter()
-        result = compaction.compact(table, "db.many", options)
+        result = compaction.compact_table(table, options)
         seconds = time.perf_counter() - started
     document = result.to_dict()
     assert not document["failed_groups"]

@@ -7,7 +7,16 @@ from pathlib import Path
 import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 
+from compactor.iceberg import pyiceberg_compat
+
 NAMESPACE = "db"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _pyiceberg_fixes() -> None:
+    """pyiceberg with compactor's fixes installed, as in every process compactor runs: tests
+    also call compactor's modules directly, below the entry points that install them."""
+    pyiceberg_compat.install()
 
 
 @pytest.fixture

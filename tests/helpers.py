@@ -33,7 +33,7 @@ from pyiceberg.table.snapshots import (
 from pyiceberg.typedef import Record
 
 from compactor import __version__
-from compactor.compaction import RunResult, compact
+from compactor.compaction import RunResult, compact_table
 from compactor.iceberg import delete_files
 from compactor.iceberg.references import table_references
 from compactor.iceberg.value_keys import PartitionKey, partition_key, value_key
@@ -243,7 +243,7 @@ def run_compaction(
     opts = resolve_options(
         identifier, table.metadata.properties, **{**DEFAULT_OPTIONS, **overrides}
     )
-    result = compact(table, identifier, opts, dry_run=dry_run, grown_before=grown_before)
+    result = compact_table(table, opts, dry_run=dry_run, grown_before=grown_before)
     return result, catalog.load_table(identifier)
 
 

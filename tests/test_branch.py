@@ -56,7 +56,7 @@ def _compact(
     resolved = resolve_options(
         TABLE, table.metadata.properties, **{**DEFAULT_OPTIONS, "branch": BRANCH, **options}
     )
-    return compaction.compact(table, TABLE, resolved)
+    return compaction.compact_table(table, resolved)
 
 
 def test_a_branch_is_compacted_and_main_is_not_touched(catalog: Catalog, events: Table) -> None:

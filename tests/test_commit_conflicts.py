@@ -62,7 +62,7 @@ def _compact_with_concurrent(
     monkeypatch.setattr(catalog, "commit_table", concurrent_writer_first)
     table = catalog.load_table(TABLE)
     options = resolve_options(TABLE, table.metadata.properties, **DEFAULT_OPTIONS)
-    result = compaction.compact(table, TABLE, options)
+    result = compaction.compact_table(table, options)
     assert calls == [1]
     return result
 

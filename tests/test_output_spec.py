@@ -56,7 +56,7 @@ def _compact(
     resolved = resolve_options(
         TABLE, table.metadata.properties, **{**DEFAULT_OPTIONS, "output_spec_id": 1, **options}
     )
-    return compaction.compact(table, TABLE, resolved)
+    return compaction.compact_table(table, resolved)
 
 
 def test_files_of_the_old_spec_move_into_the_new_one(catalog: Catalog, evolved: Table) -> None:

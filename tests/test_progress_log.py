@@ -13,7 +13,7 @@ from pyiceberg.catalog import Catalog
 from rich.console import Console
 
 from compactor.bench.progress import LogSteps
-from compactor.compaction import compact
+from compactor.compaction import compact_table
 from compactor.errors import UsageError
 from compactor.execute.progress_log import ProgressLog, progress_interval
 from compactor.options import resolve_options
@@ -112,7 +112,7 @@ def test_progress_moves_while_a_group_reads_its_files(catalog: Catalog, bulk_rea
     )
     recorded = Recorded()
 
-    result = compact(table, "db.t", options, progress=recorded)
+    result = compact_table(table, options, progress=recorded)
 
     assert result.to_dict()["rewritten_files"] == 5
     (group,) = result.plan.groups
@@ -141,7 +141,7 @@ def test_a_sorted_group_is_half_done_when_read_and_done_when_written(
     )
     recorded = Recorded()
 
-    result = compact(table, "db.t", options, progress=recorded)
+    result = compact_table(table, options, progress=recorded)
 
     assert result.to_dict()["rewritten_files"] == 5
     total = recorded.plan.input_bytes

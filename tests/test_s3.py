@@ -29,9 +29,10 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation
 from pyiceberg.utils.config import Config
 
+from compactor import compaction
 from compactor.bench.sample import REGIONS, create_events_table, events_batch
 from compactor.commit.inflight import RunRecord, boot_id, pid_namespace, read_record, record_paths
-from compactor.compaction import RunResult, compact
+from compactor.compaction import RunResult
 from compactor.iceberg.references import table_references
 from compactor.maintain.expire import expire_snapshots, retention_policy
 from compactor.maintain.orphans import remove_orphans
@@ -78,7 +79,7 @@ def compact_table(catalog: Catalog) -> tuple[RunResult, Table]:
         allow_small_target=True,
         min_input_files=2,
     )
-    result = compact(table, TABLE, options)
+    result = compaction.compact_table(table, options)
     return result, catalog.load_table(TABLE)
 
 

@@ -33,8 +33,9 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.table import Table
 
+from compactor import compaction
 from compactor.bench.sample import create_events_table
-from compactor.compaction import RunResult, compact
+from compactor.compaction import RunResult
 from compactor.errors import CompactorError, first_line
 from compactor.iceberg.pyiceberg_compat import S3_RETRY_ATTEMPTS, with_s3_retries
 from compactor.iceberg.references import table_references
@@ -76,7 +77,7 @@ def make_table(s3: S3Bucket, **properties: str) -> tuple[Catalog, Table]:
 def compact_table(catalog: Catalog) -> tuple[RunResult, Table]:
     table = catalog.load_table(TABLE)
     options = resolve_options(TABLE, table.metadata.properties, **RUN_OPTIONS)
-    result = compact(table, TABLE, options)
+    result = compaction.compact_table(table, options)
     return result, catalog.load_table(TABLE)
 
 

@@ -34,7 +34,7 @@ from stress_writer import DAYS, FIRST_BATCH, ROWS_PER_BATCH
 
 from compactor.bench.sample import create_events_table, events_batch
 from compactor.commit.inflight import read_record
-from compactor.compaction import RunResult, compact
+from compactor.compaction import RunResult, compact_table
 from compactor.errors import CommitConflictError
 from compactor.options import resolve_options
 
@@ -61,7 +61,7 @@ def _compact(catalog: Catalog, commit_every: int) -> RunResult:
         parallelism=2,
         commit_every=commit_every,
     )
-    return compact(table, TABLE, options)
+    return compact_table(table, options)
 
 
 def _start_writer(catalog: Catalog, ops: int, log: Path, stderr: Any) -> subprocess.Popen[str]:

@@ -16,6 +16,7 @@ from typing import Any
 import pyarrow.parquet as pq
 from pyiceberg.conversions import from_bytes
 from pyiceberg.table import Table
+from pyiceberg.types import PrimitiveType
 
 # The columns each fact table is ordered by: its date key, then its item key.
 CLUSTER_COLUMNS = {
@@ -72,6 +73,7 @@ def pruning(table: Table, query: FilteredQuery) -> dict[str, int]:
     """Files and row groups of ``table``'s current snapshot, and how many may hold matches."""
     field_id = table.schema().find_field(query.column).field_id
     kind = table.schema().find_type(field_id)
+    assert isinstance(kind, PrimitiveType), f"{query.column}: not a primitive column"
     counts = {"files": 0, "files_to_read": 0, "row_groups": 0, "row_groups_to_read": 0}
     for task in table.scan(selected_fields=(query.column,)).plan_files():
         data_file = task.file
@@ -80,10 +82,11 @@ def pruning(table: Table, query: FilteredQuery) -> dict[str, int]:
         counts["files"] += 1
         counts["row_groups"] += metadata.num_row_groups
         low, high = data_file.lower_bounds.get(field_id), data_file.upper_bounds.get(field_id)
-        if (low is not None and high is not None) and (
-            from_bytes(kind, high) < query.low or from_bytes(kind, low) > query.high
-        ):
-            continue  # the manifest's bounds rule the whole file out
+        if low is not None and high is not None:
+            # The clustered columns are integer keys.
+            lowest, highest = int(from_bytes(kind, low)), int(from_bytes(kind, high))
+            if highest < query.low or lowest > query.high:
+                continue  # the manifest's bounds rule the whole file out
         counts["files_to_read"] += 1
         position = metadata.schema.to_arrow_schema().get_field_index(query.column)
         for i in range(metadata.num_row_groups):

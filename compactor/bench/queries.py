@@ -100,7 +100,7 @@ def run_query(
 
 def _sort_key(row: Row) -> tuple[tuple[int, Any], ...]:
     """Orders rows of mixed types and NULLs; floats rounded so near-equal ones sort together."""
-    key = []
+    key: list[tuple[int, Any]] = []
     for value in row:
         if value is None:
             key.append((0, 0))

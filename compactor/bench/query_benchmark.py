@@ -14,6 +14,7 @@ from typing import Any
 
 from pyiceberg.catalog import Catalog
 
+from compactor.api import compact
 from compactor.bench.clustering import FILTERED_QUERIES, pruning_report, strategy_options
 from compactor.bench.progress import Advance, Steps
 from compactor.bench.queries import QueryMeasure, Row, run_query, same_results
@@ -28,7 +29,7 @@ from compactor.bench.tpcds import (
     tables_of,
 )
 from compactor.bench.warehouse import Warehouse
-from compactor.compaction import RunResult, compact
+from compactor.compaction import RunResult
 from compactor.errors import CompactorError
 from compactor.iceberg.duckdb_views import create_view
 from compactor.options import ROW_GROUP_SIZE_PROPERTY, resolve_options
@@ -92,9 +93,11 @@ def compact_tables(
             allow_small_target=parameters.allow_small_target,
             **strategy_options(parameters.strategy or "binpack", name),
         )
-        size = int(table.current_snapshot().summary["total-files-size"] or 0)  # type: ignore[union-attr]
+        snapshot = table.current_snapshot()
+        summary = snapshot.summary if snapshot is not None else None
+        size = int(summary["total-files-size"] or 0) if summary is not None else 0
         with steps.step(f"compacting {identifier}", total=size) as advance:
-            results.append(compact(table, identifier, options, progress=_BytesProgress(advance)))
+            results.append(compact(table, options, progress=_BytesProgress(advance)))
     return results
 
 
@@ -154,9 +157,8 @@ def _run_all(
     try:
         for name in tables:
             create_view(con, name, catalog.load_table(f"{NAMESPACE}.{name}"))
-        server_gets = (
-            (lambda: warehouse.server_counter.count("GET")) if warehouse.server_counter else None
-        )
+        counter = warehouse.server_counter
+        server_gets = (lambda: counter.count("GET")) if counter else None
         measures = {}
         with steps.step(
             f"running {len(texts)} queries {label} compaction", total=len(texts)
@@ -215,7 +217,7 @@ def run_queries_benchmark(
         tables = sorted({t for used in per_query.values() for t in used})
         catalog = warehouse.catalog()
         total_rows = sum(
-            int(generator.execute(f'SELECT count(*) FROM "{t}"').fetchone()[0])  # type: ignore[index]
+            int((generator.execute(f'SELECT count(*) FROM "{t}"').fetchone() or (0,))[0])
             for t in tables
         )
         loaded: list[LoadedTable] = []

@@ -352,8 +352,8 @@ def compactor_phase(
     """Compact ``tpcds.store_sales`` with compactor's defaults and the options given."""
     from pyiceberg.catalog.sql import SqlCatalog
 
+    from compactor.api import compact
     from compactor.bench.warehouse import CATALOG_NAME
-    from compactor.compaction import compact
 
     identifier = f"{NAMESPACE}.{TABLE}"
     table = SqlCatalog(CATALOG_NAME, **catalog_properties).load_table(identifier)
@@ -367,7 +367,7 @@ def compactor_phase(
         memory_limit=memory_limit,
     )
     usage = PhaseUsage()
-    result = compact(table, identifier, options)
+    result = compact(table, options)
     outputs = [d.file_size_in_bytes for r in result.committed for d in r.data_files]
     input_files = sum(len(g.files) for g in result.committed_groups)
     return {

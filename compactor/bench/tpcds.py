@@ -280,6 +280,7 @@ def commit_appends(
     sequence = metadata.last_sequence_number
     taken = {s.snapshot_id for s in metadata.snapshots}
     last_ms = metadata.last_updated_ms
+    main = metadata.refs.get(MAIN_BRANCH)
     requirements: tuple[TableRequirement, ...] = ()
     updates: list[TableUpdate] = []
     catalog_commits = 0
@@ -348,11 +349,13 @@ def commit_appends(
                     schema_id=metadata.current_schema_id,
                 )
             ),
-            SetSnapshotRefUpdate(
+            SetSnapshotRefUpdate(  # keeps main's own retention
                 ref_name=MAIN_BRANCH,
                 type=SnapshotRefType.BRANCH,
                 snapshot_id=snapshot_id,
-                parent_snapshot_id=parent,
+                max_ref_age_ms=main.max_ref_age_ms if main else None,
+                max_snapshot_age_ms=main.max_snapshot_age_ms if main else None,
+                min_snapshots_to_keep=main.min_snapshots_to_keep if main else None,
             ),
         ]
         carried, previous, parent = manifests, summary.additional_properties, snapshot_id

@@ -470,8 +470,7 @@ def run(
     """
 
     def go() -> None:
-        from compactor.commit.inflight import LeaseHeldError
-        from compactor.compaction import backed_off, compact
+        from compactor.api import compact
         from compactor.execute.progress_log import ProgressLog, progress_interval
 
         tbl = _open_table(catalog, table)
@@ -509,16 +508,13 @@ def run(
         progress = bar or ProgressLog(table, _progress_line, progress_interval())
         try:
             with stop_on_signals() as stop:
-                result = compact(tbl, table, options, dry_run=dry_run, progress=progress, stop=stop)
-        except LeaseHeldError as exc:
-            if as_json:
-                print(json.dumps(backed_off(tbl, table, options, str(exc)).to_dict(), indent=2))
-            else:
-                err.print(str(exc), markup=False, highlight=False)
-            return
+                result = compact(tbl, options, dry_run=dry_run, progress=progress, stop=stop)
         finally:
             if bar:
                 bar.stop()
+        if result.backed_off and not as_json:
+            err.print(result.backed_off, markup=False, highlight=False)
+            return
         if as_json:
             print(json.dumps(result.to_dict(), indent=2))
         elif dry_run:
@@ -742,17 +738,19 @@ def expire(
     """
 
     def go() -> None:
-        import time
 
-        from compactor.maintain.expire import expire_snapshots, retention_policy
+        from compactor.api import expire_snapshots
 
         cat, tbl = _open(catalog, table)
-        now_ms = int(time.time() * 1000)
-        ids = _snapshot_ids(snapshot_ids)
-        policy = retention_policy(
-            tbl, table, older_than, retain_last, now_ms, ids, clean_expired_metadata
-        )
-        data = expire_snapshots(tbl, table, policy, catalog=cat, dry_run=dry_run).to_dict()
+        data = expire_snapshots(
+            tbl,
+            older_than=older_than,
+            retain_last=retain_last,
+            dry_run=dry_run,
+            catalog=cat,
+            snapshot_ids=_snapshot_ids(snapshot_ids),
+            clean_expired_metadata=clean_expired_metadata,
+        ).to_dict()
         if as_json:
             print(json.dumps(data, indent=2))
         else:
@@ -813,20 +811,16 @@ def orphans(
     """
 
     def go() -> None:
-        import time
 
-        from compactor.maintain.orphans import orphan_cutoff, remove_orphans
+        from compactor.api import remove_orphans
 
         cat, tbl = _open(catalog, table)
-        allow = allow_short_older_than
-        cutoff = orphan_cutoff(older_than, int(time.time() * 1000), allow_short=allow)
         result = remove_orphans(
             tbl,
-            table,
-            cutoff,
-            catalog=cat,
+            older_than=older_than,
+            allow_short_older_than=allow_short_older_than,
             dry_run=dry_run,
-            allow_short_older_than=allow,
+            catalog=cat,
             location=location,
         )
         data = result.to_dict()
@@ -882,11 +876,11 @@ def rewrite_deletes(
     """
 
     def go() -> None:
-        from compactor.maintain.delete_rewrite import rewrite_position_deletes
+        from compactor.api import rewrite_deletes
 
         tbl = _open_table(catalog, table)
-        data = rewrite_position_deletes(
-            tbl, table, target_file_size=target_file_size, where=where, dry_run=dry_run
+        data = rewrite_deletes(
+            tbl, target_file_size=target_file_size, where=where, dry_run=dry_run
         ).to_dict()
         if as_json:
             print(json.dumps(data, indent=2))
@@ -1051,7 +1045,7 @@ def jobs_validate(
         else:
             settings, jobs = _load_daemon_setup(config)
             default_catalog = settings.section.catalog
-        summary = [
+        summary: list[dict[str, Any]] = [  # the --json document's jobs
             {
                 "file": str(job.path),
                 "description": job.spec.description,

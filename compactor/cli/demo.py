@@ -5,14 +5,15 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import duckdb
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table as RichTable
 
+from compactor.api import compact
 from compactor.bench.sample import create_events_table
-from compactor.compaction import compact
 from compactor.iceberg.catalogs import compactor_home, embedded_catalog
 from compactor.iceberg.duckdb_views import create_view
 from compactor.options import resolve_options
@@ -28,7 +29,7 @@ FROM events GROUP BY ALL ORDER BY ALL
 QUERY_RUNS = 5
 
 
-def _time_query(con: duckdb.DuckDBPyConnection) -> tuple[float, list[tuple]]:
+def _time_query(con: duckdb.DuckDBPyConnection) -> tuple[float, list[tuple[Any, ...]]]:
     timings, rows = [], []
     for _ in range(QUERY_RUNS):
         started = time.perf_counter()
@@ -86,7 +87,7 @@ def run_demo(
     t_before, rows_before = _time_query(con)
 
     console.print(f"$ compactor run --table {DEMO_TABLE}")
-    result = compact(table, DEMO_TABLE, options).to_dict()
+    result = compact(table, options).to_dict()
     console.print(
         f"committed replace snapshot {result['snapshot_id']}: {count(result['rewritten_files'], 'file')} -> "
         f"{result['added_files']} in {result['duration_ms'] / 1000:.1f}s "

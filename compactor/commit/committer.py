@@ -31,6 +31,7 @@ from pyiceberg.exceptions import (
     NoSuchTableError,
     UnauthorizedError,
 )
+from pyiceberg.io import OutputFile
 from pyiceberg.manifest import (
     DataFile,
     DataFileContent,
@@ -38,6 +39,7 @@ from pyiceberg.manifest import (
     ManifestEntry,
     ManifestEntryStatus,
     ManifestFile,
+    ManifestWriter,
 )
 from pyiceberg.table import Table, TableProperties
 from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
@@ -259,14 +261,16 @@ class _Attempt:
             TableProperties.WRITE_AVRO_COMPRESSION, TableProperties.WRITE_AVRO_COMPRESSION_DEFAULT
         )
 
-    def _output(self, name: str):
+    def _output(self, name: str) -> OutputFile:
         path = self._locations.new_metadata_location(name)
         if self._on_file:
             self._on_file([path])
         self.written.append(path)
         return self.table.io.new_output(path)
 
-    def manifest_writer(self, spec_id: int, content: ManifestContent = ManifestContent.DATA):
+    def manifest_writer(
+        self, spec_id: int, content: ManifestContent = ManifestContent.DATA
+    ) -> ManifestWriter:
         metadata = self.table.metadata
         name = f"{self.commit_uuid}-m{len(self.written)}.avro"
         return manifest_writer(
@@ -550,7 +554,6 @@ def commit_on_branch(
                     ref_name=branch,
                     type=SnapshotRefType.BRANCH,
                     snapshot_id=snapshot.snapshot_id,
-                    parent_snapshot_id=head.snapshot_id,
                     max_ref_age_ms=ref.max_ref_age_ms,
                     max_snapshot_age_ms=ref.max_snapshot_age_ms,
                     min_snapshots_to_keep=ref.min_snapshots_to_keep,

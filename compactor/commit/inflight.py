@@ -283,7 +283,7 @@ def commits_in_doubt(table: Table, record: RunRecord) -> list[PendingCommit]:
     return [c for c in commits if c.state(table) == PENDING]
 
 
-def in_doubt_report(table: Table) -> list[dict]:
+def in_doubt_report(table: Table) -> list[dict[str, Any]]:
     """The table's commits in doubt now, with how many files each run record keeps for them.
 
     Read from the run record (live or abandoned) and the catalog: for ``inspect``.

@@ -11,6 +11,7 @@ import json
 import sqlite3
 import threading
 from collections.abc import Iterator
+from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -244,6 +245,7 @@ class History:
                 "SELECT consecutive_failures, last_success_at FROM ticks WHERE job = ? AND action = ?",
                 (job, action),
             ).fetchone()
+            last_success: float | None
             if error is None:
                 failures, last_success = 0, now
             else:
@@ -255,7 +257,7 @@ class History:
             )
         return failures
 
-    def forget_ticks(self, keep: set[tuple[str, str]]) -> None:
+    def forget_ticks(self, keep: AbstractSet[tuple[str, str]]) -> None:
         """Drop the tick records of (job, action) pairs no longer configured."""
         with self._tx() as db:
             for row in db.execute("SELECT job, action FROM ticks").fetchall():

@@ -175,6 +175,10 @@ class OrphansAction(_Destructive):
         return value
 
 
+ActionSection = CompactAction | RewriteDeletesAction | ExpireAction | OrphansAction
+"""The section of a job file that configures one action."""
+
+
 class JobFile(_Section):
     """One job file: the tables in scope and the actions to run on them."""
 
@@ -208,9 +212,14 @@ class JobFile(_Section):
                 )
         return self
 
-    def actions(self) -> dict[Action, Schedule]:
+    def actions(self) -> dict[Action, ActionSection]:
         """The configured actions, in a fixed order."""
-        found = {name: getattr(self, name) for name in ACTIONS}
+        found: dict[Action, ActionSection | None] = {
+            "compact": self.compact,
+            "rewrite_deletes": self.rewrite_deletes,
+            "expire": self.expire,
+            "orphans": self.orphans,
+        }
         return {name: section for name, section in found.items() if section is not None}
 
 
@@ -260,7 +269,7 @@ def listed_tables(catalog: Catalog, job: Job) -> list[str]:
     names = job.namespaces()
     if names is None:
         names = {".".join(ns) for ns in all_namespaces(catalog)}
-    tables = set()
+    tables: set[str] = set()
     for namespace in sorted(names):
         try:
             listed = catalog.list_tables(namespace)

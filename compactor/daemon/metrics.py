@@ -166,8 +166,8 @@ class MetricsServer(ThreadingHTTPServer):
 
     @property
     def url(self) -> str:
-        host, port = self.server_address[:2]
-        host = f"[{host}]" if ":" in str(host) else host
+        host, port = self.socket.getsockname()[:2]  # as bound: port 0 is the one assigned
+        host = f"[{host}]" if ":" in host else host
         return f"http://{host}:{port}"
 
     def start(self) -> None:

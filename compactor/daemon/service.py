@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -24,12 +25,15 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 
+from compactor import api
 from compactor.commit.inflight import LeaseHeldError
-from compactor.compaction import RunResult, compact
+from compactor.compaction import RunResult
 from compactor.daemon.config import DaemonConfig
 from compactor.daemon.fragmentation import FragmentationScanner, due_reasons
 from compactor.daemon.history import History, RunRow
 from compactor.daemon.jobfiles import (
+    Action,
+    ActionSection,
     CompactAction,
     ExpireAction,
     Job,
@@ -58,13 +62,21 @@ from compactor.errors import (
 )
 from compactor.execute.progress_log import ProgressLog, progress_interval
 from compactor.iceberg.catalogs import open_catalog
-from compactor.maintain.delete_rewrite import rewrite_position_deletes
-from compactor.maintain.expire import expire_snapshots, retention_policy
-from compactor.maintain.orphans import orphan_cutoff, remove_orphans
 from compactor.options import RewriteOptions, resolve_options
 from compactor.sizes import count
 
 log = logging.getLogger("compactor.daemon.service")
+
+
+@dataclass(frozen=True)
+class Work:
+    """What a queued run needs: the job's catalog, the action's section of the job file and,
+    for a compaction, the options resolved when the table was found due."""
+
+    catalog: Catalog
+    section: ActionSection
+    options: RewriteOptions | None = None
+
 
 # Runs of each (table, action) read back from the state file at start, to rebuild streaks.
 RESTORE_RUNS = 32
@@ -210,7 +222,7 @@ class Daemon:
             self._tick_failures[key] = (failures, tick["last_error"] if tick else None)
             self.metrics.consecutive_tick_failures.labels(*key).set(failures)
 
-    def _tick_done(self, job: Job, action: str, error: str | None) -> int:
+    def _tick_done(self, job: Job, action: Action, error: str | None) -> int:
         """Record the tick's outcome (state file, streak, metrics); the ticks failed in a row."""
         failures = self.history.record_tick(job.name, action, self.clock(), error)
         with self._lock:
@@ -228,7 +240,7 @@ class Daemon:
                 self._catalogs[name] = open_catalog(name)
             return self._catalogs[name]
 
-    def _tick(self, job: Job, action: str) -> None:
+    def _tick(self, job: Job, action: Action) -> None:
         """Queue the tables of ``job`` due for ``action``. The tick fails when the catalog cannot
         be listed, a table the job names does not exist, or a table cannot be scored."""
         if self.stopping.is_set():
@@ -237,15 +249,15 @@ class Daemon:
             catalog = self._catalog(job.spec.catalog or self.config.section.catalog)
             listed = listed_tables(catalog, job)
         except Exception as exc:
-            error = first_line(exc)
-            failures = self._tick_done(job, action, error)
+            unlisted = first_line(exc)
+            failures = self._tick_done(job, action, unlisted)
             log.error(
                 "cannot list tables",
                 extra={
                     "event": "tick_failed",
                     "job": job.name,
                     "action": action,
-                    "error": error,
+                    "error": unlisted,
                     "consecutive_failures": failures,
                 },
             )
@@ -303,12 +315,14 @@ class Daemon:
         self._dispatch()
         self._record_schedules()
 
-    def _request(self, catalog: Catalog, job: Job, action: str, identifier: str) -> Request | None:
+    def _request(
+        self, catalog: Catalog, job: Job, action: Action, identifier: str
+    ) -> Request | None:
         """The run to offer for ``identifier``, None when it is not due; raises when the table
         cannot be loaded or scored."""
         section = job.spec.actions()[action]
         if not isinstance(section, CompactAction):
-            return Request(identifier, action, job.name, payload=(catalog, section, None))
+            return Request(identifier, action, job.name, payload=Work(catalog, section))
         table = catalog.load_table(identifier)
         options = resolve_options(identifier, table.metadata.properties, **section.given())
         if self._warned.get((job.name, identifier)) != options.warnings:
@@ -324,7 +338,7 @@ class Daemon:
             job.name,
             priority=score,
             cooldown_s=parse_duration_ms(section.cooldown, "cooldown") / 1000,
-            payload=(catalog, section, options),
+            payload=Work(catalog, section, options),
         )
 
     def _score(
@@ -424,13 +438,15 @@ class Daemon:
         self._dispatch()
 
     def _perform(self, request: Request, row: RunRow) -> str:
-        catalog, section, options = request.payload  # options: resolved, for compactions only
-        table = catalog.load_table(request.table)
+        work: Work = request.payload
+        table = work.catalog.load_table(request.table)
+        section = work.section
         if isinstance(section, RewriteDeletesAction):
             return self._rewrite_deletes(table, request, section, row)
-        if options is None:
-            return self._reclaim(catalog, table, request, section, row)
-        return self._compact(table, request, section, options, row)
+        if isinstance(section, CompactAction):
+            assert work.options is not None  # resolved when the table was found due
+            return self._compact(table, request, section, work.options, row)
+        return self._reclaim(work.catalog, table, request, section, row)
 
     def _reclaim(
         self,
@@ -444,48 +460,50 @@ class Daemon:
 
         A table with gc.enabled=false raises GcDisabledError: the run is skipped, deleting nothing.
         """
-        now_ms = int(time.time() * 1000)
         if isinstance(section, ExpireAction):
-            policy = retention_policy(
-                table, request.table, section.older_than, section.retain_last, now_ms
+            expired = api.expire_snapshots(
+                table,
+                older_than=section.older_than,
+                retain_last=section.retain_last,
+                catalog=catalog,
             )
-            data = expire_snapshots(table, request.table, policy, catalog=catalog).to_dict()
-            changed = data["snapshots_expired"] or data["files_deleted"]
+            report, changed = expired.report, bool(expired.plan.expire)
         else:
-            allow = section.allow_short_older_than
-            cutoff = orphan_cutoff(section.older_than, now_ms, allow_short=allow)
-            data = remove_orphans(
-                table, request.table, cutoff, catalog=catalog, allow_short_older_than=allow
-            ).to_dict()
-            changed = data["files_deleted"]
-        row.input_files, row.input_bytes = data["files_deleted"], data["bytes_deleted"]
-        self.metrics.deleted_files.labels(request.action).inc(data["files_deleted"])
-        self.metrics.deleted_bytes.labels(request.action).inc(data["bytes_deleted"])
-        if data["failed"]:
+            swept = api.remove_orphans(
+                table,
+                older_than=section.older_than,
+                allow_short_older_than=section.allow_short_older_than,
+                catalog=catalog,
+            )
+            report, changed = swept.report, False
+        row.input_files, row.input_bytes = report.files, report.bytes
+        self.metrics.deleted_files.labels(request.action).inc(report.files)
+        self.metrics.deleted_bytes.labels(request.action).inc(report.bytes)
+        if report.failed:
             row.error = (
-                f"could not delete {count(len(data['failed']), 'file')}, e.g. {data['failed'][0]}"
+                f"could not delete {count(len(report.failed), 'file')}, e.g. {report.failed[0]}"
             )
             return PARTIAL
-        return SUCCEEDED if changed else NOOP
+        return SUCCEEDED if changed or report.files else NOOP
 
     def _rewrite_deletes(
         self, table: Table, request: Request, section: RewriteDeletesAction, row: RunRow
     ) -> str:
         """Compact the table's position-delete files; the outcome."""
-        data = rewrite_position_deletes(
-            table, request.table, target_file_size=section.target_file_size, where=section.where
-        ).to_dict()
-        row.input_files, row.input_bytes = data["files_removed"], data["bytes_removed"]
-        row.output_files, row.output_bytes = data["files_added"], data["bytes_added"]
-        row.snapshot_ids = [data["snapshot_id"]] if data["snapshot_id"] else []
-        row.conflicts = len(data["conflicts"])
-        row.commits_in_doubt = data["commits_in_doubt"]
-        self.metrics.deleted_files.labels(request.action).inc(data["files_removed"])
-        self.metrics.deleted_bytes.labels(request.action).inc(data["bytes_removed"])
-        if data["conflicts"] and not data["committed_groups"]:
-            row.error = data["conflicts"][0]["reason"]
+        result = api.rewrite_deletes(
+            table, target_file_size=section.target_file_size, where=section.where
+        )
+        row.input_files, row.input_bytes = result.files_removed, result.bytes_removed
+        row.output_files, row.output_bytes = result.files_added, result.bytes_added
+        row.snapshot_ids = [result.snapshot_id] if result.snapshot_id else []
+        row.conflicts = len(result.conflicts)
+        row.commits_in_doubt = [c.to_dict() for c in result.commits_in_doubt]
+        self.metrics.deleted_files.labels(request.action).inc(result.files_removed)
+        self.metrics.deleted_bytes.labels(request.action).inc(result.bytes_removed)
+        if result.conflicts and not result.committed:
+            row.error = result.conflicts[min(result.conflicts)]
             return PARTIAL
-        return SUCCEEDED if data["files_removed"] else NOOP
+        return SUCCEEDED if result.files_removed else NOOP
 
     def _compact(
         self,
@@ -500,22 +518,23 @@ class Daemon:
         # Groups whose rewrite grew are not rewritten again while their inputs and settings stay.
         settings = _growth_settings(options, table.metadata.properties)
         grown_before = self.history.grown_groups(request.job, request.table, settings)
-        result = compact(
-            table,
-            request.table,
-            options,
-            progress=progress,
-            stop=self.stopping,
-            grown_before=grown_before,
+        result = api.compact(
+            table, options, progress=progress, stop=self.stopping, grown_before=grown_before
         )
+        if result.backed_off:  # another run holds the table: nothing was done
+            row.error = result.backed_off
+            return SKIPPED
         self.history.record_grown_groups(request.job, request.table, settings, result.grown_inputs)
-        data = result.to_dict()
-        row.input_files, row.input_bytes = data["rewritten_files"], data["rewritten_bytes"]
-        row.output_files, row.output_bytes = data["added_files"], data["added_bytes"]
-        row.snapshot_ids = data["snapshot_ids"]
-        row.conflicts = sum(1 for f in result.failures if f.kind == "conflict")
-        row.skipped_files = data["skipped_files"]
-        row.commits_in_doubt = data["commits_in_doubt"]
+        rewritten, added = result.rewritten_files, result.added_files
+        row.input_files, row.input_bytes = len(rewritten), sum(f.size for f in rewritten)
+        row.output_files = len(added)
+        row.output_bytes = sum(d.file_size_in_bytes for d in added)
+        row.snapshot_ids = result.snapshot_ids
+        row.conflicts = len(result.conflicts)
+        row.skipped_files = [
+            vars(f) for f in sorted(result.skipped_files, key=lambda f: (f.group_id, f.path))
+        ]
+        row.commits_in_doubt = [c.to_dict() for c in result.commits_in_doubt]
         errors = result.errors
         if errors:
             row.error = f"group {errors[0].group_id}: {errors[0].reason}"

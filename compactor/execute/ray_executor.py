@@ -139,7 +139,11 @@ def _supervised(
     return outcome[0]
 
 
-def run_on_worker(task_json: str) -> tuple[str, str, str, str]:
+WorkerReply = tuple[str, str, str, str]
+"""What :func:`run_on_worker` returns: node id, node ip, ``"result"`` or ``"error"``, JSON."""
+
+
+def run_on_worker(task_json: str) -> WorkerReply:
     """The Ray task: ``(node id, node ip, "result" | "error", JSON)`` for one task's JSON."""
     context = ray.get_runtime_context()
     node_id, node_ip = context.get_node_id(), ray.util.get_node_ip_address()
@@ -341,7 +345,7 @@ class RayExecutor:
         self._closed = False
         self._remote = ray.remote(run_on_worker)
 
-    def _submit(self, task: RewriteTask, memory_ceiling: int) -> ray.ObjectRef:
+    def _submit(self, task: RewriteTask, memory_ceiling: int) -> ray.ObjectRef[WorkerReply]:
         return self._remote.options(
             name=f"compactor {task.table} g{task.task_id}",
             num_cpus=1,
@@ -350,7 +354,7 @@ class RayExecutor:
             retry_exceptions=False,
         ).remote(task.to_json())
 
-    def _outcome(self, task: RewriteTask, ref: ray.ObjectRef) -> Outcome:
+    def _outcome(self, task: RewriteTask, ref: ray.ObjectRef[WorkerReply]) -> Outcome:
         try:
             node_id, node_ip, kind, payload = ray.get(ref)
         except RayError as exc:
@@ -370,7 +374,7 @@ class RayExecutor:
             raise CompactorError("ray: executor is closed")
         ceiling = min(_largest_node_memory() or MEMORY_CEILING, MEMORY_CEILING)
         queue = deque(tasks)
-        pending: dict[ray.ObjectRef, RewriteTask] = {}
+        pending: dict[ray.ObjectRef[WorkerReply], RewriteTask] = {}
         cancelled = False
         try:
             while queue or pending:
@@ -414,7 +418,7 @@ def _largest_node_memory() -> int:
     return int(max((n["Resources"].get("memory", 0) for n in nodes if n.get("Alive")), default=0))
 
 
-def _stop(pending: dict[ray.ObjectRef, RewriteTask]) -> None:
+def _stop(pending: dict[ray.ObjectRef[WorkerReply], RewriteTask]) -> None:
     """Cancel the tasks still pending and wait until every one has ended (and cleaned up)."""
     if not pending:
         return

@@ -154,6 +154,11 @@ def parse_identifier(identifier: str) -> tuple[str, ...]:
     return parts
 
 
+def identifier_of(table: Table) -> str:
+    """``namespace.table`` of a table loaded from a catalog: how messages and results name it."""
+    return ".".join(table.name())
+
+
 def open_table(catalog: Catalog, identifier: str) -> Table:
     """Load a table, turning 'not found' into one clear line naming what is missing."""
     parts = parse_identifier(identifier)

@@ -60,9 +60,12 @@ def encode_partition(partition: Record, types: Sequence[IcebergType]) -> list[li
     encoded: list[list[str | None]] = []
     for position, field_type in enumerate(types):
         value = partition[position]
-        encoded.append(
-            [str(field_type), None if value is None else _b64(to_bytes(field_type, value))]
-        )
+        if value is None:
+            encoded.append([str(field_type), None])
+            continue
+        if not isinstance(field_type, PrimitiveType):
+            raise ValueError(f"partition values are primitive, not {field_type}")
+        encoded.append([str(field_type), _b64(to_bytes(field_type, value))])
     return encoded
 
 

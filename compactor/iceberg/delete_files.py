@@ -71,7 +71,10 @@ def _write(
     schema: Schema,
     name: str,
     properties: dict[str, str],
-    **fields: object,
+    *,
+    content: DataFileContent,
+    partition: Record,
+    equality_ids: list[int] | None,
 ) -> DataFile:
     path = table.location_provider().new_data_location(f"{name}-{uuid.uuid4().hex}.parquet")
     with table.io.new_output(path).create(overwrite=False) as stream:
@@ -90,7 +93,9 @@ def _write(
         file_size_in_bytes=len(table.io.new_input(path)),
         sort_order_id=None,
         key_metadata=None,
-        **fields,
+        content=content,
+        partition=partition,
+        equality_ids=equality_ids,
         **stats,
     )
     return delete_file
@@ -293,6 +298,7 @@ def commit_manifests(
     metadata = table.metadata
     head = table.current_snapshot()
     assert head is not None
+    main = metadata.refs[MAIN_BRANCH]
     sequence_number = metadata.next_sequence_number()
     manifest_list = table.location_provider().new_metadata_location(
         f"snap-{snapshot_id}-0-{uuid.uuid4()}.avro"
@@ -323,11 +329,13 @@ def commit_manifests(
         ),
         (
             AddSnapshotUpdate(snapshot=snapshot),
-            SetSnapshotRefUpdate(
+            SetSnapshotRefUpdate(  # keeps the branch's own retention
                 ref_name=MAIN_BRANCH,
                 type=SnapshotRefType.BRANCH,
                 snapshot_id=snapshot_id,
-                parent_snapshot_id=head.snapshot_id,
+                max_ref_age_ms=main.max_ref_age_ms,
+                max_snapshot_age_ms=main.max_snapshot_age_ms,
+                min_snapshots_to_keep=main.min_snapshots_to_keep,
             ),
         ),
     )

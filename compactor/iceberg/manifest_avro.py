@@ -113,7 +113,7 @@ def write_manifest(
     codec_name = CODEC_MAPPING_ICEBERG_TO_AVRO.get(codec_name, codec_name)
     if codec_name not in KNOWN_CODECS:
         raise ValueError(f"Unsupported codec: {codec_name}")
-    codec = KNOWN_CODECS[codec_name]  # type: ignore[index]
+    codec = KNOWN_CODECS[codec_name]
     avro_schema = AvroSchemaConversion().iceberg_to_avro(schema, schema_name="manifest_entry")
     varint = _Varints()
     write_entry = _struct_writer(schema.as_struct(), _record_struct(schema), varint)

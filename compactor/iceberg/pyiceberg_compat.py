@@ -5,9 +5,8 @@ position deletes, to write Parquet with Iceberg column statistics from a stream,
 delete files to data files. Everything compactor needs of that lives here, so that a pyiceberg
 upgrade touches this file alone.
 
-Importing it makes pyiceberg's Parquet reads in this process verify page checksums where a
-file has them (:data:`VERIFY_PAGE_CHECKSUMS`): damage that still decodes is then an error,
-not other values.
+Importing it changes nothing in pyiceberg: the two fixes compactor needs of pyiceberg itself
+are applied by :func:`install`.
 """
 
 from __future__ import annotations
@@ -78,7 +77,7 @@ from pyiceberg.table.deletion_vector import DeletionVector
 from pyiceberg.table.metadata import TableMetadata, TableMetadataV3
 from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.transforms import Transform
-from pyiceberg.typedef import IcebergBaseModel, Record
+from pyiceberg.typedef import IcebergBaseModel, Record, TableVersion
 from pyiceberg.types import (
     IcebergType,
     IntegerType,
@@ -94,6 +93,7 @@ from compactor.iceberg.manifest_avro import write_manifest
 from compactor.iceberg.value_keys import partition_key
 
 __all__ = [
+    "install",
     "FilePruner",
     "PartitionPath",
     "PositionDeleteIndex",
@@ -124,8 +124,6 @@ def _verifying_file_format(file_format: FileFormat, **kwargs: Any) -> Any:
         kwargs = {**kwargs, **VERIFY_PAGE_CHECKSUMS}
     return _get_file_format(file_format, **kwargs)
 
-
-pyiceberg_pyarrow._get_file_format = _verifying_file_format  # type: ignore[assignment]
 
 # Row lineage (format v3): reserved field ids of the metadata columns rewrites must carry.
 ROW_ID_FIELD_ID = 2147483540
@@ -426,11 +424,12 @@ def _spec_data_file_type(data_file: StructType) -> StructType:
     return StructType(*fields)
 
 
-class _BufferedManifestFile:
-    """Stands in for pyiceberg's ``AvroOutputFile``: keeps the entries, writes them on close.
+class _BufferedManifestFile(AvroOutputFile[ManifestEntry]):
+    """pyiceberg's ``AvroOutputFile`` for manifests, buffered: writes the entries on close.
 
     :func:`write_manifest` encodes them many to a block (pyiceberg writes one block per entry,
-    through its slow generic Avro writers). Nothing is written when the ``with`` body raises.
+    through its slow generic Avro writers, which are therefore not built here). Nothing is
+    written when the ``with`` body raises.
     """
 
     def __init__(self, output_file: OutputFile, schema: Schema, metadata: dict[str, str]) -> None:
@@ -450,11 +449,11 @@ class _BufferedManifestFile:
         self._entries.extend(objects)
 
 
-class _SpecSchemaMixin:
+class _SpecSchemaMixin(ManifestWriter):
     """Writes manifests whose Avro schema follows the Iceberg spec exactly."""
 
-    def _with_partition(self, format_version: Any) -> Schema:
-        schema = super()._with_partition(format_version)  # type: ignore[misc]
+    def _with_partition(self, format_version: TableVersion) -> Schema:
+        schema = super()._with_partition(format_version)
         return Schema(
             *[
                 NestedField(f.field_id, f.name, _spec_data_file_type(f.field_type), f.required)
@@ -466,9 +465,7 @@ class _SpecSchemaMixin:
 
     def new_writer(self) -> _BufferedManifestFile:
         return _BufferedManifestFile(
-            self._output_file,  # type: ignore[attr-defined]
-            self._with_partition(self.version),  # type: ignore[attr-defined]
-            self._meta,  # type: ignore[attr-defined]
+            self._output_file, self._with_partition(self.version), self._meta
         )
 
 
@@ -717,15 +714,15 @@ def manifest_entries(
     return [e for e in entries if not discard_deleted or e.status != ManifestEntryStatus.DELETED]
 
 
-class _V3Mixin:
+class _V3Mixin(ManifestWriterV2):
     """Writes v3 manifests: the v3 ``data_file`` fields, kept from each entry."""
 
     @property
-    def version(self) -> int:
+    def version(self) -> TableVersion:
         return 3
 
     def prepare_entry(self, entry: ManifestEntry) -> ManifestEntry:
-        entry = super().prepare_entry(entry)  # type: ignore[misc]
+        entry = super().prepare_entry(entry)
         # Inherited first_row_id values stay with EXISTING and DELETED entries, as the spec asks.
         return ManifestEntry.from_args(
             status=entry.status,
@@ -801,7 +798,7 @@ def write_manifest_list(
     Returns the snapshot's row-lineage fields for format v3 (``first_row_id``, ``added_rows``),
     else nothing: keyword arguments for pyiceberg's ``Snapshot``.
     """
-    if metadata.format_version < 3:
+    if not isinstance(metadata, TableMetadataV3):
         with _write_manifest_list(
             format_version=metadata.format_version,
             output_file=output_file,
@@ -858,18 +855,33 @@ def _dump_v3_metadata(
     return text
 
 
-def _allow_v3_metadata_writes() -> None:
-    """Let catalogs that write metadata.json themselves (SQL, Glue) commit to v3 tables.
+_install_lock = threading.Lock()
+_installed = False
 
-    pyiceberg 0.12 models v3 metadata (``next-row-id``, snapshots' ``first-row-id`` and
-    ``added-rows``) but its ``model_dump_json`` raises; compaction writes v3 snapshots through
-    the functions above, so the model's own serialisation is enabled, each write checked to
-    parse back to the same metadata. Applied once, when this module is imported.
+
+def install() -> None:
+    """Apply compactor's two fixes to pyiceberg 0.12 in this process; again, it does nothing.
+
+    - **Page checksums**: pyiceberg's Parquet reads (its ``_get_file_format``) verify page
+      checksums where a file has them (:data:`VERIFY_PAGE_CHECKSUMS`), so that damage that
+      still decodes is an error, not other values rewritten into a new file.
+    - **v3 metadata**: pyiceberg models v3 metadata (``next-row-id``, snapshots'
+      ``first-row-id`` and ``added-rows``) but ``TableMetadataV3.model_dump_json`` raises, so
+      catalogs that write metadata.json themselves (SQL, Glue) cannot commit to v3 tables.
+      compactor writes v3 snapshots through the functions above; the model's own serialisation
+      is enabled, each write checked to parse back to the same metadata.
+
+    Nothing is patched on import: the library's actions (:mod:`compactor.api`, which the CLI
+    and the daemon call) and :func:`~compactor.rewrite.task_runner.run_task` (which executors
+    run in processes of their own) call this first. ``tests/test_pyiceberg_patches.py`` fails
+    when a pyiceberg release no longer needs a fix: remove it here then.
     """
-    constants = TableMetadataV3.model_dump_json.__code__.co_consts
-    refuses = any("not yet supported" in str(c) for c in constants)
-    if refuses:  # a later pyiceberg's own implementation is kept
+    global _installed
+    with _install_lock:
+        if _installed:
+            return
+        # Patching is assigning over pyiceberg's function (an lru_cache wrapper) and method,
+        # which mypy rightly refuses.
+        pyiceberg_pyarrow._get_file_format = _verifying_file_format  # type: ignore[assignment]
         TableMetadataV3.model_dump_json = _dump_v3_metadata  # type: ignore[method-assign]
-
-
-_allow_v3_metadata_writes()
+        _installed = True

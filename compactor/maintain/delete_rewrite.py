@@ -221,6 +221,14 @@ class DeleteRewriteResult:
         return sum(g.expected_output_files(self.target_file_size) for g in self._done)
 
     @property
+    def bytes_removed(self) -> int:
+        return sum(d.file_size_in_bytes for g in self._done for d in g.delete_files)
+
+    @property
+    def bytes_added(self) -> int:
+        return sum(d.file_size_in_bytes for g in self._done for d in g.outputs)
+
+    @property
     def dangling_rows_dropped(self) -> int:
         return sum(g.dangling_rows for g in self._done)
 
@@ -238,8 +246,8 @@ class DeleteRewriteResult:
             "delete_files_after": dict(self.delete_files_after),
             "files_removed": self.files_removed,
             "files_added": self.files_added,
-            "bytes_removed": sum(d.file_size_in_bytes for g in done for d in g.delete_files),
-            "bytes_added": sum(d.file_size_in_bytes for g in done for d in g.outputs),
+            "bytes_removed": self.bytes_removed,
+            "bytes_added": self.bytes_added,
             "rows_read": sum(g.rows_read for g in done),
             "rows_written": sum(g.rows_written for g in done),
             "dangling_rows_dropped": self.dangling_rows_dropped,

@@ -266,6 +266,18 @@ class DeletionReport:
     other_tables: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
 
+    @property
+    def files(self) -> int:
+        """Files deleted (none in a dry run)."""
+        return 0 if self.dry_run else sum(len(refs) for refs in self.by_kind.values())
+
+    @property
+    def bytes(self) -> int:
+        """Their bytes, as far as the metadata or the listing told them."""
+        return (
+            0 if self.dry_run else sum(r.size or 0 for refs in self.by_kind.values() for r in refs)
+        )
+
     def to_dict(self) -> dict[str, Any]:
         """What was deleted; in a dry run, what would be under the ``would_delete`` keys (and
         nothing under the ``deleted`` ones). Paths listed: at most MAX_LISTED_PATHS."""
@@ -354,7 +366,8 @@ class AssertRefsUnchanged(ValidatableTableRequirement):
     type: Literal["assert-refs-unchanged"] = Field(default="assert-refs-unchanged")
     refs: dict[str, int]
 
-    def validate(self, base_metadata: TableMetadata | None) -> None:
+    # pyiceberg's requirements name their check ``validate``, as pydantic's deprecated classmethod.
+    def validate(self, base_metadata: TableMetadata | None) -> None:  # type: ignore[override]
         if base_metadata is None:
             raise CommitFailedException("Requirement failed: current table metadata is missing")
         found = {name: ref.snapshot_id for name, ref in base_metadata.refs.items()}

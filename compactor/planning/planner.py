@@ -444,14 +444,14 @@ def plan_rewrite(
         equality = equality_deletes.for_data_file(entry)
         # Overridden position deletes still target the file: they go once it is rewritten.
         for delete_file in [*deletes, *equality, *(legacy if dvs else ())]:
-            key = delete_file_key(delete_file)
+            delete_key = delete_file_key(delete_file)
             if delete_file.content == DataFileContent.POSITION_DELETES or (
                 global_targets_complete or not is_unpartitioned(specs[delete_file.spec_id])
             ):
-                delete_targets[key].add(data_file.file_path)
-                delete_by_key[key] = delete_file
+                delete_targets[delete_key].add(data_file.file_path)
+                delete_by_key[delete_key] = delete_file
             else:
-                incomplete.add(key)
+                incomplete.add(delete_key)
         deletes = deletes + equality
         plan.data_files_scanned += 1
         if not pruner.file_may_match(data_file):
@@ -469,12 +469,12 @@ def plan_rewrite(
         if any(not set(d.equality_ids or ()) <= top_level for d in equality):
             plan.skipped["equality_deletes_on_columns_no_longer_in_the_schema"] += 1
             continue
-        key = (
+        group_key = (
             (output_spec, None)
-            if moving
+            if moving and output_spec is not None
             else (data_file.spec_id, partition_key(data_file.partition))
         )
-        candidates[key].append(
+        candidates[group_key].append(
             InputFile(
                 data_file,
                 seq,
@@ -529,10 +529,10 @@ def plan_rewrite(
     plan.equality_delete_sequence_numbers = equality_deletes.sequence_numbers
     if global_targets_complete:  # delete files that apply to nothing go with the next commit
         for delete_file in scan.delete_files:
-            key = delete_file_key(delete_file)
-            if key not in delete_targets:
-                delete_targets[key] = set()
-                delete_by_key[key] = delete_file
+            delete_key = delete_file_key(delete_file)
+            if delete_key not in delete_targets:
+                delete_targets[delete_key] = set()
+                delete_by_key[delete_key] = delete_file
     plan.delete_file_targets = {
         key: (delete_by_key[key], frozenset(targets))
         for key, targets in delete_targets.items()
@@ -553,7 +553,7 @@ def _split_for_idle_workers(groups: list[FileGroup], options: RewriteOptions) ->
     rewriting on their own stay together.
     """
     workers, target = options.parallelism or 1, options.target_file_size
-    result, whole_groups = list(groups), []
+    result, whole_groups = list(groups), list[FileGroup]()
     while len(result) + len(whole_groups) < workers:
         splittable = [g for g in result if g.input_bytes >= 2 * target and len(g.files) >= 2]
         if not splittable:

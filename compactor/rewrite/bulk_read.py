@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias
 
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -77,7 +77,7 @@ class ReadEach:
     files: list[TaskInput]
 
 
-Item = pa.RecordBatch | BulkDone | ReadEach
+Item: TypeAlias = pa.RecordBatch | BulkDone | ReadEach
 
 
 class BulkRead:

@@ -36,6 +36,7 @@ from pyiceberg.types import (
     BooleanType,
     FixedType,
     IcebergType,
+    PrimitiveType,
     StringType,
     UUIDType,
 )
@@ -235,7 +236,10 @@ def _group_bounds(inputs: Sequence[DataFile], field_id: int, kind: IcebergType) 
     String bounds in manifests may be truncated prefixes: the lower one is still a lower bound;
     only the prefix they share is used.
     """
-    lows, highs = [], []
+    if not isinstance(kind, PrimitiveType):
+        return None, None  # only primitive columns have bounds
+    lows: list[Any] = []
+    highs: list[Any] = []
     for f in inputs:
         low, high = (f.lower_bounds or {}).get(field_id), (f.upper_bounds or {}).get(field_id)
         if low is None or high is None:

@@ -22,6 +22,7 @@ from pyiceberg.table.locations import load_location_provider
 from pyiceberg.table.metadata import TableMetadata
 
 from compactor.errors import CompactorError, first_line
+from compactor.iceberg import pyiceberg_compat
 from compactor.planning.planner import is_unpartitioned
 from compactor.planning.tasks import RewriteTask, TaskResult
 from compactor.rewrite.intent import IntentLog
@@ -88,6 +89,7 @@ def run_task(
     On cancellation (:class:`TaskCancelled`) or any failure the task deletes the files it wrote,
     then raises. Its intent file stays for the driver to remove.
     """
+    pyiceberg_compat.install()  # the read path verifies page checksums, in any process
 
     def check() -> None:
         if cancel is not None and cancel.is_cancelled():
