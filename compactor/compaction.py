@@ -165,6 +165,11 @@ class RunResult:
         return [c.snapshot_id for c in self.commits if c.snapshot_id is not None]
 
     @property
+    def snapshot_id(self) -> int | None:
+        """The last snapshot committed, if any."""
+        return self.snapshot_ids[-1] if self.snapshot_ids else None
+
+    @property
     def errors(self) -> list[GroupFailure]:
         return [f for f in self.failures if f.kind == ERROR]
 
@@ -183,6 +188,28 @@ class RunResult:
         """The data files committed groups added."""
         return [d for r in self.committed for d in r.data_files]
 
+    @property
+    def rewritten_bytes(self) -> int:
+        return sum(f.size for f in self.rewritten_files)
+
+    @property
+    def added_bytes(self) -> int:
+        return sum(d.file_size_in_bytes for d in self.added_files)
+
+    @property
+    def sorted_failures(self) -> list[GroupFailure]:
+        """The groups not committed, by group id."""
+        return sorted(self.failures, key=lambda f: f.group_id)
+
+    @property
+    def sorted_grown_groups(self) -> list[GrownGroup]:
+        """The groups left as they were because their rewrite grew, by group id."""
+        return sorted(self.grown_groups, key=lambda g: g.group_id)
+
+    @property
+    def duration_ms(self) -> int:
+        return round(self.duration_s * 1000)
+
     def to_dict(self) -> dict[str, Any]:
         committed = self.committed
         rewritten, added = self.rewritten_files, self.added_files
@@ -192,22 +219,22 @@ class RunResult:
             "dry_run": self.dry_run,
             "run_id": self.run_id,
             "start_snapshot_id": self.plan.snapshot_id,
-            "snapshot_id": self.snapshot_ids[-1] if self.snapshot_ids else None,
+            "snapshot_id": self.snapshot_id,
             "snapshot_ids": self.snapshot_ids,
             "strategy": self.plan.options.strategy,
             "groups": len(self.plan.groups),
             "committed_groups": len(committed),
-            "failed_groups": [vars(f) for f in sorted(self.failures, key=lambda f: f.group_id)],
+            "failed_groups": [vars(f) for f in self.sorted_failures],
             "skipped_files": [
                 vars(f) for f in sorted(self.skipped_files, key=lambda f: (f.group_id, f.path))
             ],
-            "grown_groups": [vars(g) for g in sorted(self.grown_groups, key=lambda g: g.group_id)],
+            "grown_groups": [vars(g) for g in self.sorted_grown_groups],
             "rewritten_files": len(rewritten),
-            "rewritten_bytes": sum(f.size for f in rewritten),
+            "rewritten_bytes": self.rewritten_bytes,
             "rewritten_delete_files": len(removed_deletes),
             "removed_delete_files": delete_file_kinds(removed_deletes),
             "added_files": len(added),
-            "added_bytes": sum(d.file_size_in_bytes for d in added),
+            "added_bytes": self.added_bytes,
             "records": sum(r.records_read for r in committed),
             "deleted_rows_applied": sum(r.rows_deleted for r in committed),
             "bulk_read_files": sum(r.bulk_read_files for r in committed),
@@ -215,7 +242,7 @@ class RunResult:
             "commits_in_doubt": [c.to_dict() for c in self.commits_in_doubt],
             "stopped": self.stopped,
             "backed_off": self.backed_off,
-            "duration_ms": round(self.duration_s * 1000),
+            "duration_ms": self.duration_ms,
             "peak_rss_bytes": peak_rss_bytes(),
             "plan": self.plan.summary(),
         }

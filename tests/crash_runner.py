@@ -150,16 +150,16 @@ def install(point: str, n: int, signals: list[signal.Signals]) -> _Trigger:
     from apscheduler.schedulers.base import STATE_STOPPED
     from pyiceberg.catalog.sql import SqlCatalog
 
-    import compactor.cli.app
+    import compactor.cli.compact_commands
     import compactor.daemon.service
-    from compactor.commit.committer import _Attempt
     from compactor.commit.inflight import RunLease
+    from compactor.commit.snapshot_writer import SnapshotWriter
     from compactor.rewrite.intent import IntentLog
     from compactor.rewrite.parquet_output import RollingParquetWriter
 
     trigger = _Trigger(point, n, signals)
 
-    real_stop_on_signals = compactor.cli.app.stop_on_signals
+    real_stop_on_signals = compactor.cli.compact_commands.stop_on_signals
 
     @contextmanager
     def stop_on_signals() -> Iterator[threading.Event]:
@@ -167,7 +167,7 @@ def install(point: str, n: int, signals: list[signal.Signals]) -> _Trigger:
             trigger.stop_event = stop
             yield stop
 
-    compactor.cli.app.stop_on_signals = stop_on_signals
+    compactor.cli.compact_commands.stop_on_signals = stop_on_signals
 
     real_daemon_init = compactor.daemon.service.Daemon.__init__
 
@@ -280,7 +280,7 @@ def install(point: str, n: int, signals: list[signal.Signals]) -> _Trigger:
     elif point == "close":
         _patch(RollingParquetWriter, "_close_file", closing)
     elif point == "manifest-list":
-        _patch(_Attempt, "manifest_list", before)
+        _patch(SnapshotWriter, "manifest_list", before)
     elif point == "commit":
         _patch(SqlCatalog, "commit_table", before)
     elif point == "committed":

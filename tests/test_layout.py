@@ -49,6 +49,21 @@ def test_nothing_outside_the_command_line_imports_it() -> None:
             assert not {m for m in imported if m.startswith("compactor.cli")}, module
 
 
+def test_every_command_reports_failures_through_the_one_decorator() -> None:
+    """Each command of the command line, in whichever family module, is wrapped by ``guarded``
+    (one error line, the exit code, the JSON error document), right under its registration."""
+    found = []
+    for path in (PACKAGE / "cli").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.FunctionDef):
+                continue
+            names = [ast.unparse(d) for d in node.decorator_list]
+            if any(".command(" in name for name in names):
+                found.append(node.name)
+                assert names[-1] == "guarded", (path.name, node.name, names)
+    assert {"run", "inspect", "expire", "orphans", "rewrite_deletes", "status"} <= set(found)
+
+
 def test_modules_import_each_other_without_cycles() -> None:
     graph = _imports()
     done: set[str] = set()

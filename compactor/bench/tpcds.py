@@ -29,9 +29,9 @@ import pyarrow.parquet as pq
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NamespaceAlreadyExistsError
 from pyiceberg.io.pyarrow import pyarrow_to_schema, write_file
-from pyiceberg.manifest import DataFile, ManifestContent, ManifestEntry, ManifestEntryStatus
+from pyiceberg.manifest import DataFile, ManifestEntry, ManifestEntryStatus
 from pyiceberg.table import Table, WriteTask
-from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
+from pyiceberg.table.refs import MAIN_BRANCH
 from pyiceberg.table.snapshots import (
     Operation,
     Snapshot,
@@ -39,21 +39,12 @@ from pyiceberg.table.snapshots import (
     Summary,
     update_snapshot_summaries,
 )
-from pyiceberg.table.update import (
-    AddSnapshotUpdate,
-    AssertRefSnapshotId,
-    AssertTableUUID,
-    SetSnapshotRefUpdate,
-    TableRequirement,
-    TableUpdate,
-)
 
+from compactor.commit.snapshot_writer import SnapshotWriter, branch_commit
 from compactor.errors import UsageError
 from compactor.iceberg.duckdb_views import load_packaged_extension
 from compactor.iceberg.pyiceberg_compat import (
-    manifest_writer,
     snapshot_manifests,
-    write_manifest_list,
 )
 
 # The eight I/O-heavy queries of the Amazon S3 Tables compaction study.
@@ -272,7 +263,6 @@ def commit_appends(
         raise UsageError(f"table {'.'.join(table.name())}: bench loading needs format version 2")
     metadata = table.metadata
     spec, schema = metadata.spec(), metadata.schema()
-    locations = table.location_provider()
     head = table.current_snapshot()
     carried = snapshot_manifests(table.io, head, 2) if head else []
     previous = head.summary.additional_properties if head and head.summary else None
@@ -280,34 +270,25 @@ def commit_appends(
     sequence = metadata.last_sequence_number
     taken = {s.snapshot_id for s in metadata.snapshots}
     last_ms = metadata.last_updated_ms
-    main = metadata.refs.get(MAIN_BRANCH)
-    requirements: tuple[TableRequirement, ...] = ()
-    updates: list[TableUpdate] = []
+    batch_parent, batch = parent, list[Snapshot]()
     catalog_commits = 0
 
     def flush() -> None:
-        nonlocal updates, requirements, catalog_commits
-        if updates:
-            table.catalog.commit_table(table, requirements, tuple(updates))
+        nonlocal batch, batch_parent, catalog_commits
+        if batch:
+            requirements, updates = branch_commit(metadata, MAIN_BRANCH, batch_parent, batch)
+            table.catalog.commit_table(table, requirements, updates)
             table.refresh()
             catalog_commits += 1
-            updates, requirements = [], ()
+            batch, batch_parent = [], parent
 
     for files in appends:
-        if not requirements:
-            requirements = (
-                AssertTableUUID(uuid=metadata.table_uuid),
-                AssertRefSnapshotId(ref=MAIN_BRANCH, snapshot_id=parent),
-            )
         snapshot_id = _new_snapshot_id(taken)
         sequence += 1
-        commit_uuid = uuid.uuid4()
-        output = table.io.new_output(locations.new_metadata_location(f"{commit_uuid}-m0.avro"))
-        with manifest_writer(
-            ManifestContent.DATA, 2, spec, schema, output, snapshot_id, "deflate"
-        ) as writer:
+        writer = SnapshotWriter(table, snapshot_id, None)
+        with writer.manifest_writer(spec.spec_id) as manifest_writer:
             for data_file in files:
-                writer.add_entry(
+                manifest_writer.add_entry(
                     ManifestEntry.from_args(
                         status=ManifestEntryStatus.ADDED,
                         snapshot_id=snapshot_id,
@@ -316,18 +297,9 @@ def commit_appends(
                         data_file=data_file,
                     )
                 )
-        manifest = writer.to_manifest_file()
+        manifest = manifest_writer.to_manifest_file()
         manifests = [manifest, *carried]
-        manifest_list = locations.new_metadata_location(f"snap-{snapshot_id}-0-{commit_uuid}.avro")
-        write_manifest_list(
-            metadata,
-            table.io.new_output(manifest_list),
-            snapshot_id,
-            parent,
-            sequence,
-            "deflate",
-            manifests,
-        )
+        manifest_list, _ = writer.manifest_list(parent, sequence, manifests)
         # As the manifest list recorded it, for the next snapshots that carry it over.
         manifest.sequence_number = manifest.min_sequence_number = sequence
         collector = SnapshotSummaryCollector()
@@ -337,31 +309,21 @@ def commit_appends(
             Summary(operation=Operation.APPEND, **collector.build()), previous_summary=previous
         )
         last_ms = max(int(time.time() * 1000), last_ms + 1)
-        updates += [
-            AddSnapshotUpdate(
-                snapshot=Snapshot(
-                    snapshot_id=snapshot_id,
-                    parent_snapshot_id=parent,
-                    sequence_number=sequence,
-                    timestamp_ms=last_ms,
-                    manifest_list=manifest_list,
-                    summary=summary,
-                    schema_id=metadata.current_schema_id,
-                )
-            ),
-            SetSnapshotRefUpdate(  # keeps main's own retention
-                ref_name=MAIN_BRANCH,
-                type=SnapshotRefType.BRANCH,
+        batch.append(
+            Snapshot(
                 snapshot_id=snapshot_id,
-                max_ref_age_ms=main.max_ref_age_ms if main else None,
-                max_snapshot_age_ms=main.max_snapshot_age_ms if main else None,
-                min_snapshots_to_keep=main.min_snapshots_to_keep if main else None,
-            ),
-        ]
+                parent_snapshot_id=parent,
+                sequence_number=sequence,
+                timestamp_ms=last_ms,
+                manifest_list=manifest_list,
+                summary=summary,
+                schema_id=metadata.current_schema_id,
+            )
+        )
         carried, previous, parent = manifests, summary.additional_properties, snapshot_id
         if on_snapshot:
             on_snapshot(files)
-        if len(updates) >= 2 * snapshots_per_catalog_commit:
+        if len(batch) >= snapshots_per_catalog_commit:
             flush()
     flush()
     return table, catalog_commits

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 import tempfile
@@ -13,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from compactor.cli.output import err, guarded
+from compactor.cli.output import err, guarded, print_json
 
 bench_app = typer.Typer(
     help="Benchmarks: TPC-DS queries before and after compaction; rewrite throughput.",
@@ -65,7 +64,7 @@ def _finish(report: dict[str, Any], out: Path, as_json: bool) -> None:
 
     paths = write_reports(report, out)
     if as_json:
-        print(json.dumps(report, indent=2))
+        print_json(report)
     err.print("wrote " + ", ".join(str(p) for p in paths), markup=False, highlight=False)
 
 
@@ -89,6 +88,7 @@ def _run_on_local_warehouse(
 
 
 @bench_app.command()
+@guarded
 def queries(
     scale_factor: ScaleFactorOpt = 1.0,
     file_size: FileSizeOpt = "1MB",
@@ -166,78 +166,75 @@ def queries(
 
     Example: compactor bench queries --scale-factor 1 --file-size 1MB --out bench-report
     """
+    from compactor.bench.clustering import strategy_options
+    from compactor.bench.progress import LogSteps, RichSteps
+    from compactor.bench.query_benchmark import QueriesParameters, run_queries_benchmark
+    from compactor.bench.report import build_report
+    from compactor.bench.tpcds import parse_query_numbers
+    from compactor.bench.warehouse import open_warehouse
+    from compactor.durations import parse_duration_ms
+    from compactor.errors import CompactorError, UsageError
+    from compactor.options import resolve_options
+    from compactor.rewrite.parquet_output import MIN_ROW_GROUP_BYTES
+    from compactor.sizes import format_size, parse_size
 
-    def go() -> None:
-        from compactor.bench.clustering import strategy_options
-        from compactor.bench.progress import LogSteps, RichSteps
-        from compactor.bench.query_benchmark import QueriesParameters, run_queries_benchmark
-        from compactor.bench.report import build_report
-        from compactor.bench.tpcds import parse_query_numbers
-        from compactor.bench.warehouse import open_warehouse
-        from compactor.durations import parse_duration_ms
-        from compactor.errors import CompactorError, UsageError
-        from compactor.options import resolve_options
-        from compactor.rewrite.parquet_output import MIN_ROW_GROUP_BYTES
-        from compactor.sizes import format_size, parse_size
-
-        if warmup < 0 or repetitions < 1:
-            raise UsageError("--warmup must be 0 or more and --repetitions 1 or more")
-        latency_ms = parse_duration_ms(s3_latency, "--s3-latency") if s3_latency else 0
-        row_group = parse_size(row_group_size, "--row-group-size") if row_group_size else None
-        if row_group is not None and row_group < MIN_ROW_GROUP_BYTES:
-            raise UsageError(
-                f"--row-group-size {row_group_size}: must be at least "
-                f"{format_size(MIN_ROW_GROUP_BYTES)}"
-            )
-        parameters = QueriesParameters(
-            scale_factor=scale_factor,
-            file_size=parse_size(file_size, "--file-size"),
-            target_file_size=target_file_size,
-            allow_small_target=allow_small_target,
-            queries=parse_query_numbers(queries),
-            warmup=warmup,
-            repetitions=repetitions,
-            strategy=strategy,
-            row_group_size=row_group,
+    if warmup < 0 or repetitions < 1:
+        raise UsageError("--warmup must be 0 or more and --repetitions 1 or more")
+    latency_ms = parse_duration_ms(s3_latency, "--s3-latency") if s3_latency else 0
+    row_group = parse_size(row_group_size, "--row-group-size") if row_group_size else None
+    if row_group is not None and row_group < MIN_ROW_GROUP_BYTES:
+        raise UsageError(
+            f"--row-group-size {row_group_size}: must be at least "
+            f"{format_size(MIN_ROW_GROUP_BYTES)}"
         )
-        resolve_options(
-            "tpcds",
-            {},
-            target_file_size=target_file_size,
-            allow_small_target=allow_small_target,
-            **strategy_options(strategy or "binpack", "store_sales"),
+    parameters = QueriesParameters(
+        scale_factor=scale_factor,
+        file_size=parse_size(file_size, "--file-size"),
+        target_file_size=target_file_size,
+        allow_small_target=allow_small_target,
+        queries=parse_query_numbers(queries),
+        warmup=warmup,
+        repetitions=repetitions,
+        strategy=strategy,
+        row_group_size=row_group,
+    )
+    resolve_options(
+        "tpcds",
+        {},
+        target_file_size=target_file_size,
+        allow_small_target=allow_small_target,
+        **strategy_options(strategy or "binpack", "store_sales"),
+    )
+    steps = RichSteps(err) if err.is_terminal else LogSteps(err)
+    with (
+        _workdir(workdir) as directory,
+        open_warehouse(
+            directory,
+            s3=s3,
+            s3_endpoint=s3_endpoint,
+            bucket=s3_bucket,
+            s3_latency_s=latency_ms / 1000,
+        ) as wh,
+    ):
+        body = run_queries_benchmark(parameters, wh, directory, steps)
+    settings = {
+        **parameters.to_dict(),
+        "storage": wh.storage,
+        "s3_endpoint": s3_endpoint,
+        "s3_latency_ms": latency_ms,
+    }
+    report = build_report("queries", sys.argv, settings, body)
+    _finish(report, out, as_json)
+    different = [str(q["query"]) for q in body["queries"] if not q["identical_results"]]
+    if different:
+        raise CompactorError(
+            f"{'query' if len(different) == 1 else 'queries'} {', '.join(different)}: "
+            f"results differ before and after compaction (see {out / 'report.md'})"
         )
-        steps = RichSteps(err) if err.is_terminal else LogSteps(err)
-        with (
-            _workdir(workdir) as directory,
-            open_warehouse(
-                directory,
-                s3=s3,
-                s3_endpoint=s3_endpoint,
-                bucket=s3_bucket,
-                s3_latency_s=latency_ms / 1000,
-            ) as wh,
-        ):
-            body = run_queries_benchmark(parameters, wh, directory, steps)
-        settings = {
-            **parameters.to_dict(),
-            "storage": wh.storage,
-            "s3_endpoint": s3_endpoint,
-            "s3_latency_ms": latency_ms,
-        }
-        report = build_report("queries", sys.argv, settings, body)
-        _finish(report, out, as_json)
-        different = [str(q["query"]) for q in body["queries"] if not q["identical_results"]]
-        if different:
-            raise CompactorError(
-                f"{'query' if len(different) == 1 else 'queries'} {', '.join(different)}: "
-                f"results differ before and after compaction (see {out / 'report.md'})"
-            )
-
-    guarded(go, as_json=as_json)
 
 
 @bench_app.command()
+@guarded
 def rewrite(
     workload: Annotated[
         str | None,
@@ -346,30 +343,27 @@ def rewrite(
     A CDC table, 10% of its rows deleted by equality deletes:
     compactor bench rewrite --input-size 1GB --equality-deletes 0.1 --out bench-cdc
     """
+    from compactor.bench.rewrite import rewrite_parameters, run_rewrite_benchmark
 
-    def go() -> None:
-        from compactor.bench.rewrite import rewrite_parameters, run_rewrite_benchmark
-
-        parameters = rewrite_parameters(
-            workload=workload,
-            scale_factor=scale_factor,
-            input_size=input_size,
-            file_size=file_size,
-            files=files,
-            commits=commits,
-            target_file_size=target_file_size,
-            allow_small_target=allow_small_target,
-            equality_deletes=equality_deletes,
-            parallelism=parallelism,
-            max_group_size=max_group_size,
-            memory_limit=memory_limit,
-        )
-        _run_on_local_warehouse("rewrite", run_rewrite_benchmark, parameters, workdir, out, as_json)
-
-    guarded(go, as_json=as_json)
+    parameters = rewrite_parameters(
+        workload=workload,
+        scale_factor=scale_factor,
+        input_size=input_size,
+        file_size=file_size,
+        files=files,
+        commits=commits,
+        target_file_size=target_file_size,
+        allow_small_target=allow_small_target,
+        equality_deletes=equality_deletes,
+        parallelism=parallelism,
+        max_group_size=max_group_size,
+        memory_limit=memory_limit,
+    )
+    _run_on_local_warehouse("rewrite", run_rewrite_benchmark, parameters, workdir, out, as_json)
 
 
 @bench_app.command()
+@guarded
 def plan(
     files: Annotated[int, typer.Option(help="Data files in the table.")] = 100_000,
     commits: Annotated[
@@ -405,19 +399,15 @@ def plan(
 
     Example: compactor bench plan --files 100000 --commits 1000 --out bench-plan
     """
+    from compactor.bench.planning import plan_parameters, run_plan_benchmark
 
-    def go() -> None:
-        from compactor.bench.planning import plan_parameters, run_plan_benchmark
-
-        parameters = plan_parameters(
-            files=files,
-            commits=commits,
-            rows_per_file=rows_per_file,
-            scale_factor=scale_factor,
-            repetitions=repetitions,
-            target_file_size=target_file_size,
-            allow_small_target=allow_small_target,
-        )
-        _run_on_local_warehouse("plan", run_plan_benchmark, parameters, workdir, out, as_json)
-
-    guarded(go, as_json=as_json)
+    parameters = plan_parameters(
+        files=files,
+        commits=commits,
+        rows_per_file=rows_per_file,
+        scale_factor=scale_factor,
+        repetitions=repetitions,
+        target_file_size=target_file_size,
+        allow_small_target=allow_small_target,
+    )
+    _run_on_local_warehouse("plan", run_plan_benchmark, parameters, workdir, out, as_json)

@@ -1,16 +1,18 @@
-"""What every command shares: the consoles, one-line errors with exit codes, flags for options."""
+"""What every command shares: the consoles, tables, JSON, one-line errors with exit codes."""
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import sys
 import traceback
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Collection, Iterable, Sequence
+from typing import Any, ParamSpec
 
 import typer
-from rich.console import Console
+from rich.console import Console, RenderableType
+from rich.table import Table
 
 from compactor.errors import EXIT_RUNTIME, CompactorError, UsageError
 from compactor.options import check_pyiceberg_config
@@ -70,18 +72,60 @@ def fail(exc: BaseException, as_json: bool = False) -> None:
     raise typer.Exit(code)
 
 
-def guarded(fn: Callable[[], Any], as_json: bool = False) -> Any:
-    """Run a command's body; any failure becomes one ``error:`` line (and, with ``as_json``,
-    a JSON error document on stdout) and an exit code."""
-    try:
-        check_pyiceberg_config()
-        return fn()
-    except (typer.Exit, typer.Abort):
-        raise
-    except KeyboardInterrupt:
-        err.print(
-            "interrupted: unfinished groups were not committed; the next run cleans up after it"
+P = ParamSpec("P")
+
+
+def guarded(command: Callable[P, None]) -> Callable[P, None]:
+    """A command whose failures become one ``error:`` line and an exit code.
+
+    Its ``as_json`` parameter, when true, also sends the error to stdout as a JSON document.
+    Ctrl-C exits 130; pyiceberg's configuration is checked first.
+    """
+
+    @functools.wraps(command)
+    def run(*args: P.args, **kwargs: P.kwargs) -> None:
+        try:
+            check_pyiceberg_config()
+            command(*args, **kwargs)
+        except (typer.Exit, typer.Abort):
+            raise
+        except KeyboardInterrupt:
+            err.print(
+                "interrupted: unfinished groups were not committed; the next run cleans up after it"
+            )
+            raise typer.Exit(130) from None
+        except Exception as exc:
+            fail(exc, bool(kwargs.get("as_json", False)))
+
+    return run
+
+
+def print_json(document: Any) -> None:
+    """The ``--json`` output: one indented document on stdout."""
+    print(json.dumps(document, indent=2))
+
+
+def print_table(
+    title: str,
+    columns: Sequence[str],
+    rows: Iterable[Sequence[RenderableType]],
+    *,
+    right: Collection[str] = (),
+    fold: Collection[str] = (),
+    skip_empty: bool = False,
+    console: Console | None = None,
+) -> None:
+    """A titled table of ``rows`` (plain strings take rich markup; pass ``Text`` for values
+    printed as they are): the ``right`` columns right-justified, the ``fold`` columns folded
+    rather than cut short. With ``skip_empty``, no rows print nothing."""
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(
+            column,
+            justify="right" if column in right else "left",
+            overflow="fold" if column in fold else "ellipsis",
         )
-        raise typer.Exit(130) from None
-    except Exception as exc:
-        fail(exc, as_json)
+    for row in rows:
+        table.add_row(*row)
+    if table.row_count or not skip_empty:
+        (console or out).print(table)

@@ -16,22 +16,13 @@ Rules (Iceberg spec and the Java reference):
 from __future__ import annotations
 
 import logging
-import random
 import time
-import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from pyiceberg.exceptions import (
-    BadRequestError,
-    CommitFailedException,
-    ForbiddenError,
-    NoSuchTableError,
-    UnauthorizedError,
-)
-from pyiceberg.io import OutputFile
+from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.manifest import (
     DataFile,
     DataFileContent,
@@ -39,10 +30,9 @@ from pyiceberg.manifest import (
     ManifestEntry,
     ManifestEntryStatus,
     ManifestFile,
-    ManifestWriter,
 )
 from pyiceberg.table import Table, TableProperties
-from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
+from pyiceberg.table.refs import MAIN_BRANCH
 from pyiceberg.table.snapshots import (
     Operation,
     Snapshot,
@@ -50,29 +40,22 @@ from pyiceberg.table.snapshots import (
     Summary,
     update_snapshot_summaries,
 )
-from pyiceberg.table.update import (
-    AddSnapshotUpdate,
-    AssertRefSnapshotId,
-    AssertTableUUID,
-    SetSnapshotRefUpdate,
-)
 from pyiceberg.utils.properties import property_as_int
 
+from compactor.commit.retry import RetryPolicy, is_refusal, is_retryable
+from compactor.commit.snapshot_writer import SnapshotWriter, branch_commit, carry_over
+from compactor.commit.validation import entries_added_by, missing_outputs, new_snapshots
 from compactor.errors import CommitConflictError, CommitStateUnknownError, first_line
 from compactor.iceberg.pyiceberg_compat import (
     PositionDeleteIndex,
     delete_file_key,
     is_deletion_vector,
-    manifest_entries,
-    manifest_writer,
     referenced_data_file,
     snapshot_manifests,
-    write_manifest_list,
 )
 from compactor.iceberg.value_keys import same_partition
 from compactor.planning.planner import FileGroup, InputFile, Plan, is_unpartitioned
 from compactor.planning.tasks import TaskResult
-from compactor.storage.deleter import delete_files
 
 log = logging.getLogger(__name__)
 
@@ -88,70 +71,6 @@ class CommitOutcome:
     attempts: int = 0
 
 
-# What catalogs say when they refuse a snapshot built on a table state that has moved on.
-STALE_SNAPSHOT_REFUSALS = (
-    "older than last sequence number",  # pyiceberg, Iceberg Java (REST)
-    "first row id smaller than the table's next-row-id",  # pyiceberg, format 3
-    "first-row-id is behind table next-row-id",  # Iceberg Java (REST), format 3
-)
-
-
-@dataclass
-class RetryPolicy:
-    """Commit retries, from the table's ``commit.retry.*`` properties (Iceberg defaults)."""
-
-    num_retries: int = TableProperties.COMMIT_NUM_RETRIES_DEFAULT
-    min_wait_ms: int = 100
-    max_wait_ms: int = 60_000
-    total_timeout_ms: int = 1_800_000
-
-    @classmethod
-    def for_table(cls, table: Table) -> RetryPolicy:
-        props = table.metadata.properties
-
-        def get(name: str, default: int) -> int:
-            return max(0, property_as_int(props, name, default) or 0)
-
-        return cls(
-            num_retries=get(TableProperties.COMMIT_NUM_RETRIES, cls.num_retries),
-            min_wait_ms=get(TableProperties.COMMIT_MIN_RETRY_WAIT_MS, cls.min_wait_ms),
-            max_wait_ms=get(TableProperties.COMMIT_MAX_RETRY_WAIT_MS, cls.max_wait_ms),
-            total_timeout_ms=get(TableProperties.COMMIT_TOTAL_RETRY_TIME_MS, cls.total_timeout_ms),
-        )
-
-    def wait_s(self, attempt: int) -> float:
-        wait = min(self.max_wait_ms, self.min_wait_ms * 2**attempt)
-        return wait * (0.5 + random.random() / 2) / 1000
-
-
-def _new_snapshots(
-    table: Table, start_id: int | None, head: Snapshot | None, branch: str
-) -> list[Snapshot]:
-    """Snapshots on ``branch`` (whose head is ``head``) committed after ``start_id``, newest first."""
-    found: list[Snapshot] = []
-    snapshot = head
-    while snapshot is not None and snapshot.snapshot_id != start_id:
-        found.append(snapshot)
-        parent = snapshot.parent_snapshot_id
-        snapshot = table.metadata.snapshot_by_id(parent) if parent is not None else None
-    if start_id is not None and snapshot is None:
-        raise CommitConflictError(
-            f"the start snapshot {start_id} is no longer an ancestor of branch {branch} "
-            "(rolled back?)"
-        )
-    return found
-
-
-def _entries_added_by(table: Table, snapshot: Snapshot) -> Iterable[ManifestEntry]:
-    version = table.metadata.format_version
-    for manifest in snapshot_manifests(table.io, snapshot, version):
-        if manifest.added_snapshot_id != snapshot.snapshot_id:
-            continue
-        for entry in manifest_entries(table.io, manifest, version, discard_deleted=False):
-            if entry.snapshot_id == snapshot.snapshot_id:
-                yield entry
-
-
 def find_conflicts(
     table: Table, plan: Plan, groups: list[FileGroup], head: Snapshot | None
 ) -> dict[int, str]:
@@ -160,13 +79,13 @@ def find_conflicts(
     if head is None or head.snapshot_id == plan.snapshot_id:
         return conflicts
     group_of = {f.path: g.group_id for g in groups for f in g.files}
-    for snapshot in _new_snapshots(table, plan.snapshot_id, head, plan.options.branch):
+    for snapshot in new_snapshots(table, plan.snapshot_id, head, plan.options.branch):
         operation = snapshot.summary.operation if snapshot.summary else None
         if operation == Operation.APPEND:
             continue
         new_position_deletes = PositionDeleteIndex()
         has_position_deletes = False
-        for entry in _entries_added_by(table, snapshot):
+        for entry in entries_added_by(table, snapshot):
             data_file = entry.data_file
             if entry.status == ManifestEntryStatus.DELETED and data_file.file_path in group_of:
                 conflicts.setdefault(
@@ -231,81 +150,8 @@ def _moved_out_of_reach(
                 break
 
 
-class CommitJournal(Protocol):
-    """Where a run records what it is about to do, so a crash or a lost answer leaves a trace
-    (:class:`compactor.commit.inflight.RunLease`)."""
-
-    def add_files(self, paths: list[str]) -> None:
-        """Record metadata files before they are written."""
-
-    def committing(self, snapshot_id: int, parent_id: int | None, branch: str) -> None:
-        """Record a commit before it is sent; raise if the run may no longer commit."""
-
-    def refused(self, snapshot_id: int) -> None:
-        """The catalog refused that commit for certain."""
-
-
-class _Attempt:
-    """One try at writing the new snapshot's manifests and manifest list."""
-
-    def __init__(
-        self, table: Table, snapshot_id: int, on_file: Callable[[list[str]], None] | None
-    ) -> None:
-        self.table = table
-        self.snapshot_id = snapshot_id
-        self._on_file = on_file
-        self.commit_uuid = uuid.uuid4()
-        self.written: list[str] = []
-        self._locations = table.location_provider()
-        self._compression = table.metadata.properties.get(
-            TableProperties.WRITE_AVRO_COMPRESSION, TableProperties.WRITE_AVRO_COMPRESSION_DEFAULT
-        )
-
-    def _output(self, name: str) -> OutputFile:
-        path = self._locations.new_metadata_location(name)
-        if self._on_file:
-            self._on_file([path])
-        self.written.append(path)
-        return self.table.io.new_output(path)
-
-    def manifest_writer(
-        self, spec_id: int, content: ManifestContent = ManifestContent.DATA
-    ) -> ManifestWriter:
-        metadata = self.table.metadata
-        name = f"{self.commit_uuid}-m{len(self.written)}.avro"
-        return manifest_writer(
-            content,
-            metadata.format_version,
-            metadata.specs()[spec_id],
-            metadata.schema(),
-            self._output(name),
-            self.snapshot_id,
-            self._compression,
-        )
-
-    def manifest_list(
-        self, parent_id: int | None, sequence_number: int, manifests: list[ManifestFile]
-    ) -> tuple[str, dict[str, int]]:
-        """Write the manifest list; returns its location and the snapshot's row-lineage fields."""
-        name = f"snap-{self.snapshot_id}-1-{self.commit_uuid}.avro"
-        output = self._output(name)
-        lineage = write_manifest_list(
-            self.table.metadata,
-            output,
-            self.snapshot_id,
-            parent_id,
-            sequence_number,
-            self._compression,
-            manifests,
-        )
-        return output.location, lineage
-
-    def discard(self) -> None:
-        delete_files(self.table.io, self.written)
-
-
 def _filter_manifests(
-    attempt: _Attempt,
+    attempt: SnapshotWriter,
     head: Snapshot,
     plan: Plan,
     inputs: dict[str, InputFile],
@@ -328,8 +174,8 @@ def _filter_manifests(
     found: dict[str, ManifestEntry] = {}
     for manifest in snapshot_manifests(io, head, version):
         path = manifest.manifest_path
-        if path in plan.start_manifests:
-            live = plan.manifest_live_entries.get(path)
+        if path in plan.commit.start_manifests:
+            live = plan.commit.manifest_live_entries.get(path)
             known = by_manifest.get(path, [])
             may_hold_dangling = bool(dangling) and manifest.content == ManifestContent.DELETES
             if live is None or not (known or may_hold_dangling):
@@ -345,40 +191,8 @@ def _filter_manifests(
     return manifests, found
 
 
-def carry_over(
-    attempt: _Attempt, manifest: ManifestFile, remove: set[str], found: dict[str, ManifestEntry]
-) -> ManifestFile | None:
-    """``manifest`` without the live entries whose keys are in ``remove`` (added to ``found``).
-
-    Keys are paths, and for deletion vectors path and blob offset (:func:`delete_file_key`).
-    The manifest itself when it holds none of them, None when nothing else is left, otherwise a
-    new manifest with the other entries as EXISTING (sequence numbers kept).
-    """
-    table = attempt.table
-    entries = manifest_entries(table.io, manifest, table.metadata.format_version)
-    keyed = [(delete_file_key(e.data_file), e) for e in entries]
-    kept = [e for key, e in keyed if key not in remove]
-    if len(kept) == len(entries):
-        return manifest
-    found.update((key, e) for key, e in keyed if key in remove)
-    if not kept:
-        return None
-    with attempt.manifest_writer(manifest.partition_spec_id, manifest.content) as writer:
-        for entry in kept:
-            writer.add_entry(
-                ManifestEntry.from_args(
-                    status=ManifestEntryStatus.EXISTING,
-                    snapshot_id=entry.snapshot_id,
-                    sequence_number=entry.sequence_number,
-                    file_sequence_number=entry.file_sequence_number,
-                    data_file=entry.data_file,
-                )
-            )
-    return writer.to_manifest_file()
-
-
 def _write_changes(
-    attempt: _Attempt,
+    attempt: SnapshotWriter,
     added: list[DataFile],
     removed: list[ManifestEntry],
     data_sequence_number: int | None,
@@ -446,6 +260,20 @@ def _summary(
     return Summary(operation=Operation.REPLACE, **totals.additional_properties)
 
 
+class CommitJournal(Protocol):
+    """Where a run records what it is about to do, so a crash or a lost answer leaves a trace
+    (:class:`compactor.commit.inflight.RunLease`)."""
+
+    def add_files(self, paths: list[str]) -> None:
+        """Record metadata files before they are written."""
+
+    def committing(self, snapshot_id: int, parent_id: int | None, branch: str) -> None:
+        """Record a commit before it is sent; raise if the run may no longer commit."""
+
+    def refused(self, snapshot_id: int) -> None:
+        """The catalog refused that commit for certain."""
+
+
 def commit_replace(
     table: Table,
     plan: Plan,
@@ -477,13 +305,13 @@ def commit_replace(
         outcome.attempts += 1
         head = table.metadata.snapshot_by_name(plan.options.branch)
         refused = find_conflicts(table, plan, [plan.group(gid) for gid in pending], head)
-        refused.update(_missing_outputs(table, pending.values()))
+        refused.update(missing_outputs(table, {r.task_id: r.data_files for r in pending.values()}))
         for group_id, reason in refused.items():
             outcome.conflicts.setdefault(group_id, reason)
             pending.pop(group_id)
         return head if pending else None
 
-    def build(attempt: _Attempt, head: Snapshot) -> Snapshot | None:
+    def build(attempt: SnapshotWriter, head: Snapshot) -> Snapshot | None:
         return _write_snapshot(
             attempt, plan, head, pending, outcome, snapshot_properties, rewritten_before
         )
@@ -507,7 +335,7 @@ def commit_on_branch(
     table: Table,
     identifier: str,
     prepare: Callable[[], Snapshot | None],
-    build: Callable[[_Attempt, Snapshot], Snapshot | None],
+    build: Callable[[SnapshotWriter, Snapshot], Snapshot | None],
     *,
     retry: RetryPolicy,
     sleep: Callable[[float], None] = time.sleep,
@@ -537,27 +365,14 @@ def commit_on_branch(
         head = prepare()
         if head is None:
             return None
-        attempt = _Attempt(table, snapshot_id, journal.add_files if journal else None)
+        attempt = SnapshotWriter(table, snapshot_id, journal.add_files if journal else None)
         in_catalog_call = False
         try:
             snapshot = build(attempt, head)
             if snapshot is None:
                 continue  # files vanished without a conflicting snapshot in history; re-validate
-            requirements = (
-                AssertTableUUID(uuid=table.metadata.table_uuid),
-                AssertRefSnapshotId(ref=branch, snapshot_id=head.snapshot_id),
-            )
-            ref = table.metadata.refs[branch]
-            updates = (
-                AddSnapshotUpdate(snapshot=snapshot),
-                SetSnapshotRefUpdate(  # keeps the branch's own retention, as Java does
-                    ref_name=branch,
-                    type=SnapshotRefType.BRANCH,
-                    snapshot_id=snapshot.snapshot_id,
-                    max_ref_age_ms=ref.max_ref_age_ms,
-                    max_snapshot_age_ms=ref.max_snapshot_age_ms,
-                    min_snapshots_to_keep=ref.min_snapshots_to_keep,
-                ),
+            requirements, updates = branch_commit(
+                table.metadata, branch, head.snapshot_id, [snapshot]
             )
             if journal is not None:
                 journal.committing(snapshot_id, head.snapshot_id, branch)
@@ -596,34 +411,6 @@ def commit_on_branch(
         return snapshot_id
 
 
-def is_retryable(exc: BaseException) -> bool:
-    """Whether the catalog refused a commit because the table moved on: validate and retry.
-
-    A conflict (409), or a sequence number or (format 3) row ids another branch's commit took
-    meanwhile: the catalog applies the updates to the table as it is now and refuses them
-    (pyiceberg's SQL catalog: ValueError; a REST server: 400 ValidationException).
-    """
-    if isinstance(exc, CommitFailedException):
-        return True
-    return isinstance(exc, ValueError | BadRequestError) and any(
-        stale in str(exc) for stale in STALE_SNAPSHOT_REFUSALS
-    )
-
-
-def is_refusal(exc: BaseException) -> bool:
-    """Whether the catalog's answer proves the commit was not applied and never will be.
-
-    Only a definite refusal: a conflict or stale-requirement refusal (:func:`is_retryable`),
-    or a REST 400, 401, 403 or 404, which the catalog answers before applying anything (the
-    failures Iceberg Java's ``SnapshotProducer`` cleans up after). Everything else — a 5xx,
-    a timeout, a reset connection, an unreadable answer, any other exception — leaves the
-    commit's outcome unknown.
-    """
-    return is_retryable(exc) or isinstance(
-        exc, BadRequestError | UnauthorizedError | ForbiddenError | NoSuchTableError
-    )
-
-
 def _landed(table: Table, snapshot_id: int) -> bool:
     """Whether the table now has ``snapshot_id``; False when the catalog cannot tell."""
     try:
@@ -633,21 +420,8 @@ def _landed(table: Table, snapshot_id: int) -> bool:
     return table.metadata.snapshot_by_id(snapshot_id) is not None
 
 
-def _missing_outputs(table: Table, results: Iterable[TaskResult]) -> dict[int, str]:
-    """Groups with an output file no longer in storage (e.g. removed by another run)."""
-    missing: dict[int, str] = {}
-    for result in results:
-        for data_file in result.data_files:
-            if not table.io.new_input(data_file.file_path).exists():
-                missing[result.task_id] = (
-                    f"output {data_file.file_path} is missing from storage; not committing it"
-                )
-                break
-    return missing
-
-
 def _write_snapshot(
-    attempt: _Attempt,
+    attempt: SnapshotWriter,
     plan: Plan,
     head: Snapshot,
     pending: dict[int, TaskResult],
@@ -661,7 +435,7 @@ def _write_snapshot(
     inputs = {f.path: f for g in groups.values() for f in g.files}
     dangling = {
         path: delete_file
-        for path, (delete_file, targets) in plan.delete_file_targets.items()
+        for path, (delete_file, targets) in plan.commit.delete_file_targets.items()
         if (targets & rewritten.keys() or not targets)
         and targets <= rewritten.keys() | rewritten_before
     }
@@ -685,7 +459,7 @@ def _write_snapshot(
 
 
 def replace_snapshot(
-    attempt: _Attempt,
+    attempt: SnapshotWriter,
     head: Snapshot,
     manifests: list[ManifestFile],
     added: list[DataFile],

@@ -32,7 +32,7 @@ from pyiceberg.manifest import (
 )
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
-from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
+from pyiceberg.table.refs import MAIN_BRANCH
 from pyiceberg.table.snapshots import (
     Operation,
     Snapshot,
@@ -40,23 +40,16 @@ from pyiceberg.table.snapshots import (
     Summary,
     update_snapshot_summaries,
 )
-from pyiceberg.table.update import (
-    AddSnapshotUpdate,
-    AssertRefSnapshotId,
-    AssertTableUUID,
-    SetSnapshotRefUpdate,
-)
 from pyiceberg.typedef import Record
 from pyroaring import BitMap
 
+from compactor.commit.snapshot_writer import SnapshotWriter, branch_commit
 from compactor.errors import UnsupportedTableError
 from compactor.iceberg.pyiceberg_compat import (
     DV_MAGIC,
     POSITION_DELETE_POS_ID,
-    manifest_writer,
     position_delete_schema,
     snapshot_manifests,
-    write_manifest_list,
 )
 
 POSITION_DELETE_SCHEMA = position_delete_schema()[0]
@@ -243,38 +236,25 @@ def commit_delete_files(
             f"table {table.name()}: delete files are committed to format 2 or 3 tables with a "
             "snapshot"
         )
-    snapshot_id = metadata.new_snapshot_id()
-    commit_uuid = uuid.uuid4()
-    locations = table.location_provider()
+    writer = SnapshotWriter(table, metadata.new_snapshot_id(), None)
     by_spec: dict[int, list[DataFile]] = {}
     for delete_file in delete_files:
         by_spec.setdefault(delete_file.spec_id, []).append(delete_file)
 
     new_manifests = []
-    for index, (spec_id, files) in enumerate(sorted(by_spec.items())):
-        output = table.io.new_output(
-            locations.new_metadata_location(f"{commit_uuid}-d{index}.avro")
-        )
-        with manifest_writer(
-            ManifestContent.DELETES,
-            metadata.format_version,
-            metadata.specs()[spec_id],
-            metadata.schema(),
-            output,
-            snapshot_id,
-            "deflate",
-        ) as writer:
+    for spec_id, files in sorted(by_spec.items()):
+        with writer.manifest_writer(spec_id, ManifestContent.DELETES) as manifest:
             for delete_file in files:
-                writer.add_entry(
+                manifest.add_entry(
                     ManifestEntry.from_args(
                         status=ManifestEntryStatus.ADDED,
-                        snapshot_id=snapshot_id,
+                        snapshot_id=writer.snapshot_id,
                         sequence_number=None,
                         file_sequence_number=None,
                         data_file=delete_file,
                     )
                 )
-        new_manifests.append(writer.to_manifest_file())
+        new_manifests.append(manifest.to_manifest_file())
 
     collector = SnapshotSummaryCollector()
     for delete_file in delete_files:
@@ -288,7 +268,7 @@ def commit_delete_files(
         previous_summary=head.summary.additional_properties if head.summary else None,
     )
     carried = snapshot_manifests(table.io, head, metadata.format_version)
-    return commit_manifests(table, snapshot_id, carried + new_manifests, summary)
+    return commit_manifests(table, writer.snapshot_id, carried + new_manifests, summary)
 
 
 def commit_manifests(
@@ -298,20 +278,9 @@ def commit_manifests(
     metadata = table.metadata
     head = table.current_snapshot()
     assert head is not None
-    main = metadata.refs[MAIN_BRANCH]
     sequence_number = metadata.next_sequence_number()
-    manifest_list = table.location_provider().new_metadata_location(
-        f"snap-{snapshot_id}-0-{uuid.uuid4()}.avro"
-    )
-    lineage = write_manifest_list(
-        metadata,
-        table.io.new_output(manifest_list),
-        snapshot_id,
-        head.snapshot_id,
-        sequence_number,
-        "deflate",
-        manifests,
-    )
+    writer = SnapshotWriter(table, snapshot_id, None)
+    manifest_list, lineage = writer.manifest_list(head.snapshot_id, sequence_number, manifests)
     snapshot = Snapshot(
         snapshot_id=snapshot_id,
         parent_snapshot_id=head.snapshot_id,
@@ -321,23 +290,7 @@ def commit_manifests(
         schema_id=metadata.current_schema_id,
         **lineage,
     )
-    table.catalog.commit_table(
-        table,
-        (
-            AssertTableUUID(uuid=metadata.table_uuid),
-            AssertRefSnapshotId(ref=MAIN_BRANCH, snapshot_id=head.snapshot_id),
-        ),
-        (
-            AddSnapshotUpdate(snapshot=snapshot),
-            SetSnapshotRefUpdate(  # keeps the branch's own retention
-                ref_name=MAIN_BRANCH,
-                type=SnapshotRefType.BRANCH,
-                snapshot_id=snapshot_id,
-                max_ref_age_ms=main.max_ref_age_ms,
-                max_snapshot_age_ms=main.max_snapshot_age_ms,
-                min_snapshots_to_keep=main.min_snapshots_to_keep,
-            ),
-        ),
-    )
+    requirements, updates = branch_commit(metadata, MAIN_BRANCH, head.snapshot_id, [snapshot])
+    table.catalog.commit_table(table, requirements, updates)
     table.refresh()
     return table

@@ -65,18 +65,12 @@ from pyiceberg.table.refs import MAIN_BRANCH
 from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.typedef import Record
 
-from compactor.commit.committer import (
-    CommitJournal,
-    RetryPolicy,
-    _Attempt,
-    _entries_added_by,
-    _new_snapshots,
-    carry_over,
-    commit_on_branch,
-    replace_snapshot,
-)
+from compactor.commit.committer import CommitJournal, commit_on_branch, replace_snapshot
 from compactor.commit.inflight import PendingCommit
+from compactor.commit.retry import RetryPolicy
 from compactor.commit.run_scope import RunScope
+from compactor.commit.snapshot_writer import SnapshotWriter, carry_over
+from compactor.commit.validation import entries_added_by, missing_outputs, new_snapshots
 from compactor.errors import (
     CommitConflictError,
     CompactorError,
@@ -675,9 +669,9 @@ def find_delete_conflicts(
             targets[p].append(g.group_id)
         for p in g.referenced_paths:
             referenced[p].append(g.group_id)
-    for snapshot in _new_snapshots(table, start_snapshot_id, head, MAIN_BRANCH):
+    for snapshot in new_snapshots(table, start_snapshot_id, head, MAIN_BRANCH):
         sid = snapshot.snapshot_id
-        for entry in _entries_added_by(table, snapshot):
+        for entry in entries_added_by(table, snapshot):
             path = entry.data_file.file_path
             content = entry.data_file.content
             if entry.status == ManifestEntryStatus.DELETED:
@@ -696,16 +690,6 @@ def find_delete_conflicts(
                         gid, f"data file {path} its rows name was added by snapshot {sid}"
                     )
     return conflicts
-
-
-def _missing_outputs(table: Table, groups: Iterable[DeleteGroup]) -> dict[int, str]:
-    missing: dict[int, str] = {}
-    for group in groups:
-        for d in group.outputs:
-            if not table.io.new_input(d.file_path).exists():
-                missing[group.group_id] = f"output {d.file_path} is missing from storage"
-                break
-    return missing
 
 
 def commit_delete_rewrite(
@@ -739,13 +723,13 @@ def commit_delete_rewrite(
         if head is None:
             raise CommitConflictError(f"table {identifier}: main has no snapshot any more")
         refused = find_delete_conflicts(table, start_snapshot_id, pending.values(), head)
-        refused.update(_missing_outputs(table, pending.values()))
+        refused.update(missing_outputs(table, {g.group_id: g.outputs for g in pending.values()}))
         for group_id, reason in refused.items():
             outcome.conflicts.setdefault(group_id, reason)
             pending.pop(group_id, None)
         return head if pending else None
 
-    def build(attempt: _Attempt, head: Snapshot) -> Snapshot | None:
+    def build(attempt: SnapshotWriter, head: Snapshot) -> Snapshot | None:
         return _write_snapshot(
             attempt, head, start_manifests, pending, outcome, snapshot_properties
         )
@@ -765,7 +749,7 @@ def commit_delete_rewrite(
 
 
 def _filter_delete_manifests(
-    attempt: _Attempt, head: Snapshot, remove: set[str], read: set[str], start: frozenset[str]
+    attempt: SnapshotWriter, head: Snapshot, remove: set[str], read: set[str], start: frozenset[str]
 ) -> tuple[list[ManifestFile], dict[str, ManifestEntry]]:
     """Carry the head's manifests over without ``remove``; returns them and the entries removed.
 
@@ -789,7 +773,7 @@ def _filter_delete_manifests(
 
 
 def _write_snapshot(
-    attempt: _Attempt,
+    attempt: SnapshotWriter,
     head: Snapshot,
     start_manifests: frozenset[str],
     pending: dict[int, DeleteGroup],

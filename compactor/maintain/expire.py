@@ -26,6 +26,7 @@ ref it did not plan to drop, no file is deleted and the run fails naming the ref
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -57,6 +58,7 @@ from pyiceberg.table.update import (
 )
 from pyiceberg.utils.properties import property_as_int
 
+from compactor.commit.retry import RetryPolicy
 from compactor.durations import DAY_MS, parse_cutoff
 from compactor.errors import CommitConflictError, ConfigError, UsageError
 from compactor.iceberg.pyiceberg_compat import snapshot_manifests
@@ -78,7 +80,6 @@ MAX_REF_AGE_PROPERTY = "history.expire.max-ref-age-ms"
 DEFAULT_MAX_SNAPSHOT_AGE_MS = 5 * DAY_MS
 DEFAULT_MIN_SNAPSHOTS_TO_KEEP = 1
 METADATA_KIND = "metadata_files"
-COMMIT_ATTEMPTS = 5
 STAT_THREADS = 8
 
 
@@ -278,12 +279,19 @@ class DeletionReport:
             0 if self.dry_run else sum(r.size or 0 for refs in self.by_kind.values() for r in refs)
         )
 
+    @property
+    def counts(self) -> dict[str, tuple[int, int]]:
+        """Files and bytes deleted (in a dry run: that would be) by kind, in kind order."""
+        return {
+            kind: (len(refs), sum(r.size or 0 for r in refs))
+            for kind, refs in sorted(self.by_kind.items())
+        }
+
     def to_dict(self) -> dict[str, Any]:
         """What was deleted; in a dry run, what would be under the ``would_delete`` keys (and
         nothing under the ``deleted`` ones). Paths listed: at most MAX_LISTED_PATHS."""
         kinds = {
-            kind: {"files": len(refs), "bytes": sum(r.size or 0 for r in refs)}
-            for kind, refs in sorted(self.by_kind.items())
+            kind: {"files": files, "bytes": size} for kind, (files, size) in self.counts.items()
         }
         paths = sorted(r.location for refs in self.by_kind.values() for r in refs)
         files = sum(k["files"] for k in kinds.values())
@@ -527,8 +535,12 @@ def expire_snapshots(
     catalog: Catalog | None = None,
     dry_run: bool = False,
     clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> ExpireResult:
     """Expire per ``policy`` and delete what only expired snapshots reached.
+
+    A conflicting commit is planned and tried again as the table's ``commit.retry.*``
+    properties allow, as every commit of compactor is.
 
     ``catalog`` (default: the one the table was loaded from) is listed, when there is anything
     to expire or delete, for the other tables' locations: nothing under them is deleted.
@@ -536,7 +548,9 @@ def expire_snapshots(
     started = time.monotonic()
     check_gc_enabled(table, identifier, EXPIRE)
     fences: Fences | None = None
-    for attempt in range(COMMIT_ATTEMPTS):
+    retry = RetryPolicy.for_table(table)
+    started_retries = time.monotonic()
+    for attempt in itertools.count():
         now_ms = int(clock() * 1000)
         planned_from = table.metadata_location
         plan = plan_expiry(table.metadata, policy, now_ms, identifier)
@@ -553,10 +567,13 @@ def expire_snapshots(
         try:
             response = _commit_expiry(table, plan)
         except CommitFailedException as exc:
-            if attempt == COMMIT_ATTEMPTS - 1:
+            elapsed_ms = (time.monotonic() - started_retries) * 1000
+            if attempt >= retry.num_retries or elapsed_ms > retry.total_timeout_ms:
                 raise CommitConflictError(
-                    f"table {identifier}: expiry still conflicting after {COMMIT_ATTEMPTS} attempts: {exc}"
+                    f"table {identifier}: expiry still conflicting after {attempt + 1} "
+                    f"attempts: {exc}"
                 ) from exc
+            sleep(retry.wait_s(attempt))
             table.refresh()
             check_gc_enabled(table, identifier, EXPIRE)
             continue

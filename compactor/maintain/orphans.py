@@ -174,6 +174,11 @@ class OrphanResult:
     failed_uploads: list[OpenUpload] = field(default_factory=list)
     duration_s: float = 0.0
 
+    @property
+    def listed_orphans(self) -> list[str]:
+        """The orphan files' locations, sorted: at most MAX_LISTED_PATHS."""
+        return sorted(ref.location for ref in self.scan.orphans)[:MAX_LISTED_PATHS]
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "table": self.table,
@@ -186,7 +191,7 @@ class OrphanResult:
             "skipped_other_tables": dict(sorted(self.scan.other_tables.items())),
             "refused": self.scan.refused,
             **self.report.to_dict(),
-            "orphans": sorted(ref.location for ref in self.scan.orphans)[:MAX_LISTED_PATHS],
+            "orphans": self.listed_orphans,
             "open_uploads": len(self.scan.open_uploads),
             "aborted_uploads": 0
             if self.dry_run

@@ -14,6 +14,7 @@ from compactor.options import DEFAULT_MIN_INPUT_FILES, MIN_FILE_SIZE_RATIO
 from compactor.planning.planner import is_unpartitioned
 
 DELETE_KINDS = ("position", "equality", "deletion_vector")
+WORST_PARTITIONS = 10  # partitions `inspect` lists, the most files under target first
 
 
 def delete_kind(delete_file: DataFile) -> str:
@@ -110,13 +111,13 @@ class TableHealth(FileCounts):
     def small_bytes(self) -> int:
         return sum(p.small(self.min_input_files)[1] for p in self.partitions.values())
 
-    def worst_partitions(self, top: int) -> list[PartitionHealth]:
+    def worst_partitions(self, top: int = WORST_PARTITIONS) -> list[PartitionHealth]:
         ranked = sorted(
             self.partitions.values(), key=lambda p: (-p.files_under_target, p.partition)
         )
         return ranked[:top]
 
-    def to_dict(self, top: int = 10) -> dict[str, Any]:
+    def to_dict(self, top: int = WORST_PARTITIONS) -> dict[str, Any]:
         return {
             "table": self.table,
             "snapshot_id": self.snapshot_id,

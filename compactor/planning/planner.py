@@ -105,6 +105,11 @@ class FileGroup:
     repartition: bool = False
 
     @property
+    def partition_label(self) -> str:
+        """The partition as shown: its path, or ``(unpartitioned)``."""
+        return self.partition_path or "(unpartitioned)"
+
+    @property
     def input_bytes(self) -> int:
         return sum(f.size for f in self.files)
 
@@ -130,7 +135,7 @@ class FileGroup:
         return {
             "group_id": self.group_id,
             "spec_id": self.spec_id,
-            "partition": self.partition_path or "(unpartitioned)",
+            "partition": self.partition_label,
             "repartition": self.repartition,
             "input_files": len(self.files),
             "input_bytes": self.input_bytes,
@@ -141,8 +146,24 @@ class FileGroup:
 
 
 @dataclass
+class CommitContext:
+    """What only the committer needs of a plan, kept by the driver and never sent to a task:
+    which manifests the start snapshot had, and which delete files touch the planned inputs."""
+
+    # Delete files touching planned inputs, by delete_file_key -> every live data file they
+    # apply to.
+    delete_file_targets: dict[str, tuple[DataFile, frozenset[str]]] = field(default_factory=dict)
+    # Every manifest of the start snapshot, and the live entries of those read while planning.
+    start_manifests: frozenset[str] = frozenset()
+    manifest_live_entries: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
 class Plan:
-    """What a run will rewrite, made from one snapshot of the table (``metadata``)."""
+    """What a run will rewrite, made from one snapshot of the table (``metadata``).
+
+    Its groups become the run's tasks; ``commit`` is the committer's part of it.
+    """
 
     table: str
     snapshot_id: int | None
@@ -152,15 +173,10 @@ class Plan:
     metadata: TableMetadata
     metadata_location: str
     groups: list[FileGroup] = field(default_factory=list)
-    # Delete files touching planned inputs, by delete_file_key -> every live data file they
-    # apply to.
-    delete_file_targets: dict[str, tuple[DataFile, frozenset[str]]] = field(default_factory=dict)
+    commit: CommitContext = field(default_factory=CommitContext)
     # Data sequence number of every equality delete an input has, by path (tasks carry them).
     equality_delete_sequence_numbers: dict[str, int] = field(default_factory=dict)
     data_files_scanned: int = 0
-    # Every manifest of the start snapshot, and the live entries of those read while planning.
-    start_manifests: frozenset[str] = frozenset()
-    manifest_live_entries: dict[str, int] = field(default_factory=dict)
     skipped: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     # The order each group's rows are written in (strategy sort or zorder); None: bin-pack.
     clustering: Clustering | None = None
@@ -415,10 +431,10 @@ def plan_rewrite(
 
     pruner = FilePruner(metadata, row_filter)
     all_manifests = snapshot_manifests(table.io, snapshot, metadata.format_version)
-    plan.start_manifests = frozenset(m.manifest_path for m in all_manifests)
+    plan.commit.start_manifests = frozenset(m.manifest_path for m in all_manifests)
     manifests = [m for m in all_manifests if pruner.manifest_may_match(m)]
     scan = _read_manifests(table, manifests)
-    plan.manifest_live_entries = scan.live_entries
+    plan.commit.manifest_live_entries = scan.live_entries
     equality_deletes = EqualityDeleteIndex(metadata.specs(), scan.equality_deletes)
     # A global equality delete applies across partitions: which data files it reaches is known
     # only when no filter pruned any of them (then it can be retired once they are all rewritten).
@@ -533,7 +549,7 @@ def plan_rewrite(
             if delete_key not in delete_targets:
                 delete_targets[delete_key] = set()
                 delete_by_key[delete_key] = delete_file
-    plan.delete_file_targets = {
+    plan.commit.delete_file_targets = {
         key: (delete_by_key[key], frozenset(targets))
         for key, targets in delete_targets.items()
         if (targets & planned or not targets) and key not in incomplete

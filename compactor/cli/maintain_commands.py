@@ -1,0 +1,281 @@
+"""``compactor expire``, ``orphans`` and ``rewrite-deletes``: keep a table's files in order."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from compactor.cli.common import (
+    CatalogOpt,
+    JsonOpt,
+    TableOpt,
+    open_catalog_and_table,
+    open_table,
+    warn_in_doubt,
+)
+from compactor.cli.output import fail, guarded, out, print_json, print_table
+from compactor.errors import CompactorError, UsageError
+from compactor.sizes import count, format_size
+
+if TYPE_CHECKING:
+    from compactor.maintain.expire import DeletionReport
+
+commands = typer.Typer()
+
+
+def _report_deletions(title: str, table: str, report: DeletionReport) -> None:
+    """Print what was (or would be) deleted, by kind."""
+    verb = "would delete" if report.dry_run else "deleted"
+    counts = report.counts
+    files = sum(n for n, _ in counts.values())
+    size = sum(b for _, b in counts.values())
+    print_table(
+        title,
+        ("kind", "files", "bytes"),
+        ((kind.replace("_", " "), str(n), format_size(b)) for kind, (n, b) in counts.items()),
+        right=("files", "bytes"),
+        skip_empty=True,
+    )
+    out.print(
+        f"{table}: {verb} {count(files, 'file')} ({format_size(size)})"
+        + (
+            f"; refused {len(report.outside_location)} outside the table location"
+            if report.outside_location
+            else ""
+        )
+        + (
+            f"; refused {len(report.other_tables)} under other tables' locations"
+            if report.other_tables
+            else ""
+        )
+        + (f"; {len(report.failed)} could not be deleted" if report.failed else "")
+    )
+
+
+def _fail_on_undeleted(table: str, report: DeletionReport) -> None:
+    """Exit 1 when files could not be deleted; with --json, the command's document stays the
+    only one on stdout."""
+    if report.failed:
+        fail(CompactorError(f"table {table}: could not delete {report.failed[0]} and others"))
+
+
+def _snapshot_ids(text: str | None) -> list[int]:
+    """``--snapshot-ids 1,2,3`` as ids; anything else is a UsageError naming the value."""
+    if text is None:
+        return []
+    ids = []
+    for part in text.split(","):
+        try:
+            ids.append(int(part.strip()))
+        except ValueError:
+            raise UsageError(
+                f"snapshot_ids: {part.strip()!r} is not a snapshot id", "snapshot_ids"
+            ) from None
+    return ids
+
+
+@commands.command()
+@guarded
+def expire(
+    table: TableOpt,
+    catalog: CatalogOpt = None,
+    older_than: Annotated[
+        str | None,
+        typer.Option(
+            help="Expire snapshots older than this: a duration (12h, 5d, 2w) or an ISO timestamp. "
+            "Default: the table's history.expire.max-snapshot-age-ms, else 5d."
+        ),
+    ] = None,
+    retain_last: Annotated[
+        int | None,
+        typer.Option(
+            help="Keep at least this many snapshots of each branch. "
+            "Default: the table's history.expire.min-snapshots-to-keep, else 1."
+        ),
+    ] = None,
+    snapshot_ids: Annotated[
+        str | None,
+        typer.Option(
+            help="Also expire these snapshots, comma-separated, whatever their age or rank "
+            "(Spark's snapshot_ids); never the head of a branch or tag."
+        ),
+    ] = None,
+    clean_expired_metadata: Annotated[
+        bool,
+        typer.Option(
+            "--clean-expired-metadata",
+            help="Also remove the partition specs and schemas no retained snapshot uses "
+            "(Spark's clean_expired_metadata); never the default spec or current schema.",
+        ),
+    ] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="Show what would be expired and deleted; change nothing."),
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Expire old snapshots, then delete the files only expired snapshots could reach.
+
+    Branches and tags keep their snapshots (and their own retention properties); the current
+    snapshot is never expired; nothing outside the table's location, or under another table's
+    location, is deleted. Old metadata.json files go too when
+    write.metadata.delete-after-commit.enabled is true. Tables with gc.enabled=false, or sharing
+    their location with another table of the catalog, are refused (exit 2).
+
+    Example: compactor expire --table db.events --older-than 2d --retain-last 10 --dry-run
+    """
+    from compactor.api import expire_snapshots
+
+    cat, tbl = open_catalog_and_table(catalog, table)
+    result = expire_snapshots(
+        tbl,
+        older_than=older_than,
+        retain_last=retain_last,
+        dry_run=dry_run,
+        catalog=cat,
+        snapshot_ids=_snapshot_ids(snapshot_ids),
+        clean_expired_metadata=clean_expired_metadata,
+    )
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        verb = "would expire" if dry_run else "expired"
+        refs = result.plan.remove_refs
+        out.print(
+            f"{table}: {verb} {count(len(result.plan.expire), 'snapshot')}, kept {len(result.plan.retain)}"
+            + (f"; removed refs {', '.join(refs)}" if refs else "")
+        )
+        _report_deletions(
+            f"files only expired snapshots reached ({table})", result.table, result.report
+        )
+    _fail_on_undeleted(result.table, result.report)
+
+
+@commands.command()
+@guarded
+def orphans(
+    table: TableOpt,
+    catalog: CatalogOpt = None,
+    older_than: Annotated[
+        str | None,
+        typer.Option(
+            help="Only delete files older than this (a duration or an ISO timestamp), so files "
+            "of commits in flight are safe. Default: 3d; at least 1d unless "
+            "--allow-short-older-than."
+        ),
+    ] = None,
+    allow_short_older_than: Annotated[
+        bool,
+        typer.Option(
+            help="Allow --older-than below 1d (for tests and experiments): files of commits and "
+            "compaction runs in flight could be deleted."
+        ),
+    ] = False,
+    location: Annotated[
+        str | None,
+        typer.Option(
+            help="Sweep only this sub-path of the table's location, in full or relative to it, "
+            "e.g. data/region=eu (Spark's location)."
+        ),
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="List the orphan files; delete nothing.")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Delete files under the table's location that no metadata of the table references.
+
+    Symlinks, odd locations, anything outside the table's location or under another table's
+    location, and every file a compaction run record lists are kept. Tables with
+    gc.enabled=false, at the warehouse root or sharing their location with another table of
+    the catalog are refused (exit 2).
+
+    Example: compactor orphans --table db.events --dry-run
+    """
+    from compactor.api import remove_orphans
+
+    cat, tbl = open_catalog_and_table(catalog, table)
+    result = remove_orphans(
+        tbl,
+        older_than=older_than,
+        allow_short_older_than=allow_short_older_than,
+        dry_run=dry_run,
+        catalog=cat,
+        location=location,
+    )
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        scan = result.scan
+        out.print(
+            f"{table}: listed {count(scan.listed, 'file')}; {count(len(scan.orphans), 'orphan')}; "
+            f"{scan.too_young} unreferenced but too young; "
+            f"{scan.in_run_record} kept for a compaction run record; "
+            f"{sum(scan.other_tables.values())} under other tables' locations; "
+            f"{len(scan.refused)} refused"
+        )
+        for path in result.listed_orphans:
+            out.print(f"  {path}", markup=False, highlight=False)
+        _report_deletions(f"orphan files ({table})", result.table, result.report)
+    _fail_on_undeleted(result.table, result.report)
+
+
+@commands.command("rewrite-deletes")
+@guarded
+def rewrite_deletes(
+    table: TableOpt,
+    catalog: CatalogOpt = None,
+    target_file_size: Annotated[
+        str | None,
+        typer.Option(
+            help="Size at which a new delete file rolls over. Default: the table's "
+            "write.delete.target-file-size-bytes, else 64MiB."
+        ),
+    ] = None,
+    where: Annotated[
+        str | None,
+        typer.Option(help="Only partitions this row filter can match, e.g. \"region = 'eu'\"."),
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Read the delete files and report; write nothing.")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Compact position-delete files per partition and drop the ones that apply to nothing.
+
+    Iceberg Java's rewrite_position_delete_files with remove-dangling-deletes: each partition's
+    position-delete files become one file (rolling at --target-file-size), without the rows
+    whose data file is no longer live; a delete file that applies to no live data file is
+    removed. Deleted rows stay deleted; data files are not touched. One `replace` snapshot;
+    partitions changed by a concurrent commit are left out. Format-3 tables (deletion vectors)
+    are refused. `compactor run` applies deletes while rewriting data files; this is for the
+    delete files of data files that are not rewritten.
+
+    Example: compactor rewrite-deletes --table db.orders --dry-run
+    """
+    from compactor.api import rewrite_deletes as rewrite
+
+    tbl = open_table(catalog, table)
+    result = rewrite(tbl, target_file_size=target_file_size, where=where, dry_run=dry_run)
+    if as_json:
+        print_json(result.to_dict())
+        return
+    warn_in_doubt(table, result.commits_in_doubt)
+    verb = "would replace" if dry_run else "replaced"
+    out.print(
+        f"{table}: {verb} {result.files_removed} position delete files with "
+        f"{result.files_added}; dropped {result.dangling_rows_dropped} rows that applied to "
+        "no live data file"
+    )
+    print_table(
+        f"delete files ({table})",
+        ("kind", "before", "after"),
+        (
+            (kind.replace("_", " "), str(before), str(result.delete_files_after.get(kind, 0)))
+            for kind, before in result.delete_files_before.items()
+        ),
+        right=("before", "after"),
+    )
+    for group_id, reason in sorted(result.conflicts.items()):
+        out.print(f"partition group {group_id} left out: {reason}")

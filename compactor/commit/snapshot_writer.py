@@ -1,0 +1,162 @@
+"""Writing one snapshot's manifests and manifest list, and moving a branch to it.
+
+:class:`SnapshotWriter` names each file (and tells a journal of it) before writing it, so a
+commit that does not land can be discarded to the last file; :func:`carry_over` keeps a
+manifest or rewrites it without some entries; :func:`branch_commit` is the catalog commit that
+adds a snapshot and moves a branch to it, keeping the branch's own retention as Iceberg Java
+does. Every snapshot compactor writes goes through these.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+
+from pyiceberg.io import OutputFile
+from pyiceberg.manifest import (
+    ManifestContent,
+    ManifestEntry,
+    ManifestEntryStatus,
+    ManifestFile,
+    ManifestWriter,
+)
+from pyiceberg.table import Table, TableProperties
+from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.refs import SnapshotRefType
+from pyiceberg.table.snapshots import Snapshot
+from pyiceberg.table.update import (
+    AddSnapshotUpdate,
+    AssertRefSnapshotId,
+    AssertTableUUID,
+    SetSnapshotRefUpdate,
+    TableRequirement,
+    TableUpdate,
+)
+
+from compactor.iceberg.pyiceberg_compat import (
+    delete_file_key,
+    manifest_entries,
+    manifest_writer,
+    write_manifest_list,
+)
+from compactor.storage.deleter import delete_files
+
+
+class SnapshotWriter:
+    """The manifests and the manifest list of one snapshot, each file recorded before it is written."""
+
+    def __init__(
+        self, table: Table, snapshot_id: int, on_file: Callable[[list[str]], None] | None
+    ) -> None:
+        self.table = table
+        self.snapshot_id = snapshot_id
+        self._on_file = on_file
+        self.commit_uuid = uuid.uuid4()
+        self.written: list[str] = []
+        self._locations = table.location_provider()
+        self._compression = table.metadata.properties.get(
+            TableProperties.WRITE_AVRO_COMPRESSION, TableProperties.WRITE_AVRO_COMPRESSION_DEFAULT
+        )
+
+    def _output(self, name: str) -> OutputFile:
+        path = self._locations.new_metadata_location(name)
+        if self._on_file:
+            self._on_file([path])
+        self.written.append(path)
+        return self.table.io.new_output(path)
+
+    def manifest_writer(
+        self, spec_id: int, content: ManifestContent = ManifestContent.DATA
+    ) -> ManifestWriter:
+        metadata = self.table.metadata
+        name = f"{self.commit_uuid}-m{len(self.written)}.avro"
+        return manifest_writer(
+            content,
+            metadata.format_version,
+            metadata.specs()[spec_id],
+            metadata.schema(),
+            self._output(name),
+            self.snapshot_id,
+            self._compression,
+        )
+
+    def manifest_list(
+        self, parent_id: int | None, sequence_number: int, manifests: list[ManifestFile]
+    ) -> tuple[str, dict[str, int]]:
+        """Write the manifest list; returns its location and the snapshot's row-lineage fields."""
+        name = f"snap-{self.snapshot_id}-1-{self.commit_uuid}.avro"
+        output = self._output(name)
+        lineage = write_manifest_list(
+            self.table.metadata,
+            output,
+            self.snapshot_id,
+            parent_id,
+            sequence_number,
+            self._compression,
+            manifests,
+        )
+        return output.location, lineage
+
+    def discard(self) -> None:
+        delete_files(self.table.io, self.written)
+
+
+def carry_over(
+    attempt: SnapshotWriter,
+    manifest: ManifestFile,
+    remove: set[str],
+    found: dict[str, ManifestEntry],
+) -> ManifestFile | None:
+    """``manifest`` without the live entries whose keys are in ``remove`` (added to ``found``).
+
+    Keys are paths, and for deletion vectors path and blob offset (:func:`delete_file_key`).
+    The manifest itself when it holds none of them, None when nothing else is left, otherwise a
+    new manifest with the other entries as EXISTING (sequence numbers kept).
+    """
+    table = attempt.table
+    entries = manifest_entries(table.io, manifest, table.metadata.format_version)
+    keyed = [(delete_file_key(e.data_file), e) for e in entries]
+    kept = [e for key, e in keyed if key not in remove]
+    if len(kept) == len(entries):
+        return manifest
+    found.update((key, e) for key, e in keyed if key in remove)
+    if not kept:
+        return None
+    with attempt.manifest_writer(manifest.partition_spec_id, manifest.content) as writer:
+        for entry in kept:
+            writer.add_entry(
+                ManifestEntry.from_args(
+                    status=ManifestEntryStatus.EXISTING,
+                    snapshot_id=entry.snapshot_id,
+                    sequence_number=entry.sequence_number,
+                    file_sequence_number=entry.file_sequence_number,
+                    data_file=entry.data_file,
+                )
+            )
+    return writer.to_manifest_file()
+
+
+def branch_commit(
+    metadata: TableMetadata, branch: str, head_id: int | None, snapshots: list[Snapshot]
+) -> tuple[tuple[TableRequirement, ...], tuple[TableUpdate, ...]]:
+    """The requirements and updates that add ``snapshots`` (each the parent of the next) over
+    ``head_id`` and move ``branch`` to the last, keeping the branch's own retention."""
+    ref = metadata.refs.get(branch)
+    requirements = (
+        AssertTableUUID(uuid=metadata.table_uuid),
+        AssertRefSnapshotId(ref=branch, snapshot_id=head_id),
+    )
+    updates: list[TableUpdate] = []
+    for snapshot in snapshots:
+        updates += [
+            AddSnapshotUpdate(snapshot=snapshot),
+            SetSnapshotRefUpdate(
+                ref_name=branch,
+                type=SnapshotRefType.BRANCH,
+                snapshot_id=snapshot.snapshot_id,
+                max_ref_age_ms=ref.max_ref_age_ms if ref else None,
+                max_snapshot_age_ms=ref.max_snapshot_age_ms if ref else None,
+                min_snapshots_to_keep=ref.min_snapshots_to_keep if ref else None,
+            ),
+        ]
+    return requirements, tuple(updates)
