@@ -415,3 +415,29 @@ def test_a_concurrent_equality_delete_in_a_nan_partition_refuses_the_move(
     assert {f.spec_id for f in live_data_files(after).values()} == {0}
     current = after.current_snapshot().snapshot_id
     assert java_rows(after, current).total() == 40 - 1
+
+
+def test_double_partition_values_keep_every_bit_through_a_rewrite(
+    catalog: Catalog, java_reader: JavaReader
+) -> None:
+    """Iceberg Java takes an identity-partitioned column's values from the manifest: a value
+    rounded on the way through compactor would change the rows every engine reads."""
+    schema = Schema(
+        NestedField(1, "id", LongType(), required=False),
+        NestedField(2, "x", DoubleType(), required=False),
+    )
+    spec = PartitionSpec(PartitionField(2, 1000, IdentityTransform(), "x"))
+    table = catalog.create_table("db.doubles", schema, partition_spec=spec)
+    values = [0.1, 1.7976931348623157e308, 5e-324, -2.5]
+    for start in (0, 10):
+        ids = list(range(start, start + len(values)))
+        table.append(pa.table({"id": ids, "x": values}, schema.as_arrow()))
+    before = java_read(table).rows()
+
+    result, after = run_compaction(catalog, "db.doubles", rewrite_all=True)
+
+    assert len(result.committed_groups) == len(values)
+    assert java_read(after).rows() == before
+    partitions = {struct.pack("<d", f.partition[0]) for f in live_data_files(after).values()}
+    assert partitions == {struct.pack("<d", v) for v in values}
+    assert_java_reads_same(after)

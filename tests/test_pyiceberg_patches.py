@@ -1,4 +1,4 @@
-"""compactor's two fixes to pyiceberg: applied by ``install()`` alone, and still needed.
+"""compactor's three fixes to pyiceberg: applied by ``install()`` alone, and still needed.
 
 The ``test_pyiceberg_still_*`` tests run pyiceberg as released, in a new interpreter where
 nothing installed the fixes, and assert that it still has the problem a fix works around. When
@@ -9,6 +9,7 @@ one fails, the pyiceberg in use has solved that problem itself: remove the fix f
 from __future__ import annotations
 
 import json
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -30,13 +31,18 @@ from compactor.iceberg import pyiceberg_compat
 from compactor.planning.tasks import RewriteTask
 from compactor.rewrite.task_runner import run_task
 
-# pyiceberg's two patched attributes, as a new interpreter finds them.
+# pyiceberg's three patched attributes, as a new interpreter finds them.
 PATCHED = """
+from pyiceberg.avro.reader import DoubleReader
 from pyiceberg.io import pyarrow
 from pyiceberg.table.metadata import TableMetadataV3
 
 def patched():
-    return [pyarrow._get_file_format.__module__, TableMetadataV3.model_dump_json.__module__]
+    return [
+        pyarrow._get_file_format.__module__,
+        TableMetadataV3.model_dump_json.__module__,
+        DoubleReader.read.__module__,
+    ]
 """
 
 
@@ -63,8 +69,8 @@ print(json.dumps([imported, installed, patched()]))
 """
     imported, installed, again = _run_python(code)
 
-    assert imported == ["pyiceberg.io.pyarrow", "pyiceberg.table.metadata"]
-    assert installed == [pyiceberg_compat.__name__] * 2
+    assert imported == ["pyiceberg.io.pyarrow", "pyiceberg.table.metadata", "pyiceberg.avro.reader"]
+    assert installed == [pyiceberg_compat.__name__] * 3
     assert again == installed
 
 
@@ -210,3 +216,34 @@ def test_a_task_installs_the_fixes_in_whatever_process_runs_it(
         run_task(task)
 
     assert calls == ["install"]
+
+
+# Reads an Avro double (0.1) with pyiceberg's reader and its default decoder.
+READ_DOUBLE = """
+import json, struct
+from pyiceberg.avro.decoder import new_decoder
+from pyiceberg.avro.reader import DoubleReader
+
+print(json.dumps(DoubleReader().read(new_decoder(struct.pack("<d", 0.1)))))
+"""
+
+
+def test_pyiceberg_still_reads_avro_doubles_at_single_precision() -> None:
+    read = _run_python(READ_DOUBLE)
+
+    assert read != 0.1, (
+        "pyiceberg now reads Avro doubles at full precision: remove the Avro-double fix from "
+        "pyiceberg_compat.install()"
+    )
+    assert read == float(np.float32(0.1))
+
+
+def test_once_installed_avro_doubles_are_read_at_full_precision() -> None:
+    from pyiceberg.avro.decoder import new_decoder
+    from pyiceberg.avro.reader import DoubleReader
+
+    pyiceberg_compat.install()
+
+    for value in (0.1, -0.0, 1.7976931348623157e308, 5e-324):
+        read = DoubleReader().read(new_decoder(struct.pack("<d", value)))
+        assert struct.pack("<d", read) == struct.pack("<d", value)

@@ -5,13 +5,15 @@ position deletes, to write Parquet with Iceberg column statistics from a stream,
 delete files to data files. Everything compactor needs of that lives here, so that a pyiceberg
 upgrade touches this file alone.
 
-Importing it changes nothing in pyiceberg: the two fixes compactor needs of pyiceberg itself
+Importing it changes nothing in pyiceberg: the three fixes compactor needs of pyiceberg itself
 are applied by :func:`install`.
 """
 
 from __future__ import annotations
 
+import struct
 import threading
+import uuid
 import warnings
 import zlib
 from collections.abc import Iterator, Mapping
@@ -21,8 +23,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyarrow.fs import AwsStandardS3RetryStrategy
-from pyiceberg.avro.decoder import new_decoder
+from pyiceberg.avro.decoder import BinaryDecoder, new_decoder
 from pyiceberg.avro.file import META_SCHEMA, AvroFile, AvroFileHeader, AvroOutputFile
+from pyiceberg.avro.reader import DoubleReader
 from pyiceberg.avro.resolver import construct_reader, resolve_reader
 from pyiceberg.expressions import AlwaysTrue, BooleanExpression
 from pyiceberg.expressions.visitors import (
@@ -86,6 +89,7 @@ from pyiceberg.types import (
     MapType,
     NestedField,
     StructType,
+    UUIDType,
 )
 
 from compactor.iceberg.interop import refuse_fixed_partitions
@@ -290,9 +294,14 @@ def partition_value(field: PartitionField, source_type: IcebergType, value: Any)
     """A partition tuple's value for ``value``, one of :func:`transform_arrow`'s results.
 
     pyiceberg's ``partition_record_value`` converts by the source column's type, which fails
-    for a transform whose result has another type (the bucket of a time column is an int).
+    for a transform whose result has another type (the bucket of a time column is an int). A
+    uuid is a :class:`uuid.UUID`, as pyiceberg reads it from manifests (its partition
+    representation is the 16 bytes): a manifest holding both could not be summarised.
     """
-    return _to_partition_representation(field.transform.result_type(source_type), value)
+    result_type = field.transform.result_type(source_type)
+    if isinstance(result_type, UUIDType) and isinstance(value, bytes):
+        return uuid.UUID(bytes=value)
+    return _to_partition_representation(result_type, value)
 
 
 def file_statistics(
@@ -859,8 +868,14 @@ _install_lock = threading.Lock()
 _installed = False
 
 
+def _read_double(self: DoubleReader, decoder: BinaryDecoder) -> float:
+    """An Avro double at full precision: pyiceberg 0.12's compiled decoder reads it as a
+    single-precision float (apache/iceberg-python#3808)."""
+    return float(struct.unpack("<d", decoder.read(8))[0])
+
+
 def install() -> None:
-    """Apply compactor's two fixes to pyiceberg 0.12 in this process; again, it does nothing.
+    """Apply compactor's three fixes to pyiceberg 0.12 in this process; again, it does nothing.
 
     - **Page checksums**: pyiceberg's Parquet reads (its ``_get_file_format``) verify page
       checksums where a file has them (:data:`VERIFY_PAGE_CHECKSUMS`), so that damage that
@@ -870,6 +885,11 @@ def install() -> None:
       catalogs that write metadata.json themselves (SQL, Glue) cannot commit to v3 tables.
       compactor writes v3 snapshots through the functions above; the model's own serialisation
       is enabled, each write checked to parse back to the same metadata.
+    - **Avro doubles**: pyiceberg's compiled Avro decoder rounds doubles to single precision,
+      so a manifest's ``identity`` partition value of a double column (0.1 read back as
+      0.10000000149011612) would be written back changed into every manifest compactor
+      rewrites, and Iceberg Java takes such column values from the manifest. Doubles are read
+      as the 8 bytes they are.
 
     Nothing is patched on import: the library's actions (:mod:`compactor.api`, which the CLI
     and the daemon call) and :func:`~compactor.rewrite.task_runner.run_task` (which executors
@@ -884,4 +904,5 @@ def install() -> None:
         # which mypy rightly refuses.
         pyiceberg_pyarrow._get_file_format = _verifying_file_format  # type: ignore[assignment]
         TableMetadataV3.model_dump_json = _dump_v3_metadata  # type: ignore[method-assign]
+        DoubleReader.read = _read_double  # type: ignore[method-assign]
         _installed = True

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import struct
+import uuid
 from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
@@ -48,10 +49,12 @@ def float_bits(value: float) -> int:
 
 
 def value_key(value: Any) -> Hashable:
-    """A hashable key of one partition value: floats by :func:`float_bits`, records field by
-    field, every other value (None included) as it is."""
+    """A hashable key of one partition value: floats by :func:`float_bits`, uuids by their
+    bytes, records field by field, every other value (None included) as it is."""
     if isinstance(value, float):
         return FloatBits(float_bits(value))
+    if isinstance(value, uuid.UUID):  # pyiceberg reads uuids so, and writes their 16 bytes
+        return value.bytes
     if isinstance(value, Record):
         return partition_key(value)
     return value
