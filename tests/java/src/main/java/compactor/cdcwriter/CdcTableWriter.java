@@ -1,5 +1,6 @@
 package compactor.cdcwriter;
 
+import compactor.local.LocalTableOperations;
 import compactor.readcheck.IcebergReadCheck;
 import java.io.File;
 import java.io.IOException;
@@ -25,7 +26,6 @@ import org.apache.iceberg.DeleteFile;
 import org.apache.iceberg.FileContent;
 import org.apache.iceberg.FileFormat;
 import org.apache.iceberg.Files;
-import org.apache.iceberg.LocationProviders;
 import org.apache.iceberg.PartitionSpec;
 import org.apache.iceberg.RowDelta;
 import org.apache.iceberg.Schema;
@@ -33,8 +33,6 @@ import org.apache.iceberg.SortOrder;
 import org.apache.iceberg.StructLike;
 import org.apache.iceberg.Table;
 import org.apache.iceberg.TableMetadata;
-import org.apache.iceberg.TableMetadataParser;
-import org.apache.iceberg.TableOperations;
 import org.apache.iceberg.TableProperties;
 import org.apache.iceberg.data.BaseDeleteLoader;
 import org.apache.iceberg.data.GenericFileWriterFactory;
@@ -45,15 +43,9 @@ import org.apache.iceberg.deletes.EqualityDeleteWriter;
 import org.apache.iceberg.deletes.PositionDelete;
 import org.apache.iceberg.deletes.PositionDeleteIndex;
 import org.apache.iceberg.deletes.PositionDeleteWriter;
-import org.apache.iceberg.exceptions.CommitFailedException;
 import org.apache.iceberg.io.DataWriter;
 import org.apache.iceberg.io.DeleteWriteResult;
-import org.apache.iceberg.io.FileIO;
-import org.apache.iceberg.io.InputFile;
-import org.apache.iceberg.io.LocationProvider;
-import org.apache.iceberg.io.OutputFile;
 import org.apache.iceberg.io.OutputFileFactory;
-import org.apache.iceberg.io.PositionOutputStream;
 import org.apache.iceberg.types.Types;
 import org.apache.iceberg.util.ContentFileUtil;
 
@@ -691,7 +683,7 @@ public final class CdcTableWriter {
   // ------------------------------------------------------------------------------------------
 
   private void create(Schema schema, PartitionSpec spec, int formatVersion) {
-    ops = new LocalTableOperations(location, seed, scenario);
+    ops = new LocalTableOperations(location, new Random(seed * 31 + scenario.hashCode() + 17));
     TableMetadata metadata = TableMetadata.newTableMetadata(
         schema, spec, SortOrder.unsorted(), location,
         Map.of("format-version", Integer.toString(formatVersion),
@@ -735,149 +727,5 @@ public final class CdcTableWriter {
     out.end('}');
     java.nio.file.Files.writeString(
         new File(path).toPath(), out.end('}').toString() + "\n", StandardCharsets.UTF_8);
-  }
-
-  /** HadoopTables-style metadata: metadata/vN.metadata.json and metadata/version-hint.text. */
-  static final class LocalTableOperations implements TableOperations {
-    private final String location;
-    private final FileIO io = new LocalFileIO();
-    private final Random snapshotIds;
-    private TableMetadata current;
-    private int version = 0;
-
-    LocalTableOperations(String location, long seed, String scenario) {
-      this.location = location;
-      this.snapshotIds = new Random(seed * 31 + scenario.hashCode() + 17);
-    }
-
-    @Override
-    public TableMetadata current() {
-      return current;
-    }
-
-    @Override
-    public TableMetadata refresh() {
-      return current;
-    }
-
-    @Override
-    public void commit(TableMetadata base, TableMetadata metadata) {
-      if (base != current) {
-        throw new CommitFailedException("stale base metadata");
-      }
-      if (base == metadata) {
-        return;
-      }
-      String path = metadataFileLocation("v" + (version + 1) + ".metadata.json");
-      TableMetadataParser.write(metadata, io.newOutputFile(path));
-      OutputFile hint = io.newOutputFile(metadataFileLocation("version-hint.text"));
-      try (PositionOutputStream stream = hint.createOrOverwrite()) {
-        stream.write(Integer.toString(version + 1).getBytes(StandardCharsets.UTF_8));
-      } catch (IOException e) {
-        throw new java.io.UncheckedIOException(e);
-      }
-      version++;
-      current = TableMetadataParser.read(io, path);
-    }
-
-    @Override
-    public FileIO io() {
-      return io;
-    }
-
-    @Override
-    public String metadataFileLocation(String fileName) {
-      return location + "/metadata/" + fileName;
-    }
-
-    @Override
-    public LocationProvider locationProvider() {
-      return LocationProviders.locationsFor(current.location(), current.properties());
-    }
-
-    @Override
-    public long newSnapshotId() {
-      return snapshotIds.nextLong() & Long.MAX_VALUE;
-    }
-  }
-
-  /** A FileIO over the local filesystem for {@code file:} URIs and plain paths. */
-  static final class LocalFileIO implements FileIO {
-    static File local(String location) {
-      if (location.startsWith("file://")) {
-        return new File(location.substring("file://".length()));
-      }
-      if (location.startsWith("file:")) {
-        return new File(location.substring("file:".length()));
-      }
-      if (location.contains("://")) {
-        throw new IllegalArgumentException("not a local location: " + location);
-      }
-      return new File(location);
-    }
-
-    @Override
-    public InputFile newInputFile(String path) {
-      InputFile file = Files.localInput(local(path));
-      return new InputFile() {
-        @Override
-        public long getLength() {
-          return file.getLength();
-        }
-
-        @Override
-        public org.apache.iceberg.io.SeekableInputStream newStream() {
-          return file.newStream();
-        }
-
-        @Override
-        public String location() {
-          return path;
-        }
-
-        @Override
-        public boolean exists() {
-          return file.exists();
-        }
-      };
-    }
-
-    @Override
-    public OutputFile newOutputFile(String path) {
-      File target = local(path);
-      OutputFile file = Files.localOutput(target);
-      FileIO self = this;
-      return new OutputFile() {
-        @Override
-        public PositionOutputStream create() {
-          target.getParentFile().mkdirs();
-          return file.create();
-        }
-
-        @Override
-        public PositionOutputStream createOrOverwrite() {
-          target.getParentFile().mkdirs();
-          return file.createOrOverwrite();
-        }
-
-        @Override
-        public String location() {
-          return path;
-        }
-
-        @Override
-        public InputFile toInputFile() {
-          return self.newInputFile(path);
-        }
-      };
-    }
-
-    @Override
-    public void deleteFile(String path) {
-      File file = local(path);
-      if (file.exists() && !file.delete()) {
-        throw new java.io.UncheckedIOException(new IOException("cannot delete " + path));
-      }
-    }
   }
 }

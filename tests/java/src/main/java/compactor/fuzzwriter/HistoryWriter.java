@@ -1,6 +1,8 @@
 package compactor.fuzzwriter;
 
 import com.fasterxml.jackson.databind.JsonNode;
+import compactor.local.LocalFileIO;
+import compactor.local.LocalTableOperations;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import com.fasterxml.jackson.databind.node.ArrayNode;
 import com.fasterxml.jackson.databind.node.ObjectNode;
@@ -13,7 +15,6 @@ import java.io.InputStreamReader;
 import java.io.PrintStream;
 import java.io.PrintWriter;
 import java.io.StringWriter;
-import java.io.UncheckedIOException;
 import java.lang.reflect.Field;
 import java.lang.reflect.Method;
 import java.math.BigDecimal;
@@ -39,7 +40,6 @@ import org.apache.iceberg.DataFile;
 import org.apache.iceberg.DeleteFile;
 import org.apache.iceberg.FileFormat;
 import org.apache.iceberg.Files;
-import org.apache.iceberg.LocationProviders;
 import org.apache.iceberg.ManifestContent;
 import org.apache.iceberg.ManifestEntries;
 import org.apache.iceberg.ManifestFile;
@@ -57,8 +57,6 @@ import org.apache.iceberg.StaticTableOperations;
 import org.apache.iceberg.StructLike;
 import org.apache.iceberg.Table;
 import org.apache.iceberg.TableMetadata;
-import org.apache.iceberg.TableMetadataParser;
-import org.apache.iceberg.TableOperations;
 import org.apache.iceberg.TableProperties;
 import org.apache.iceberg.UpdateSchema;
 import org.apache.iceberg.data.BaseDeleteLoader;
@@ -71,15 +69,10 @@ import org.apache.iceberg.deletes.EqualityDeleteWriter;
 import org.apache.iceberg.deletes.PositionDelete;
 import org.apache.iceberg.deletes.PositionDeleteIndex;
 import org.apache.iceberg.deletes.PositionDeleteWriter;
-import org.apache.iceberg.exceptions.CommitFailedException;
 import org.apache.iceberg.io.DataWriter;
 import org.apache.iceberg.io.DeleteWriteResult;
 import org.apache.iceberg.io.FileIO;
-import org.apache.iceberg.io.InputFile;
-import org.apache.iceberg.io.LocationProvider;
-import org.apache.iceberg.io.OutputFile;
 import org.apache.iceberg.io.OutputFileFactory;
-import org.apache.iceberg.io.PositionOutputStream;
 import org.apache.iceberg.types.Type;
 import org.apache.iceberg.types.Types;
 import org.apache.iceberg.util.ContentFileUtil;
@@ -237,7 +230,7 @@ public final class HistoryWriter {
     history.path("properties").properties()
         .forEach(p -> properties.put(p.getKey(), p.getValue().asText()));
     long seed = history.path("seed").asLong();
-    ops = new LocalTableOperations(location, seed);
+    ops = new LocalTableOperations(location, new Random(seed * 31 + 17));
     TableMetadata metadata = TableMetadata.newTableMetadata(
         schema, spec, SortOrder.unsorted(), location, properties);
     ops.commit(null, metadata);
@@ -713,149 +706,5 @@ public final class HistoryWriter {
       }
     }
     return result;
-  }
-
-  /** HadoopTables-style metadata: metadata/vN.metadata.json and metadata/version-hint.text. */
-  static final class LocalTableOperations implements TableOperations {
-    private final String location;
-    private final FileIO io = new LocalFileIO();
-    private final Random snapshotIds;
-    private TableMetadata current;
-    private int version = 0;
-
-    LocalTableOperations(String location, long seed) {
-      this.location = location;
-      this.snapshotIds = new Random(seed * 31 + 17);
-    }
-
-    @Override
-    public TableMetadata current() {
-      return current;
-    }
-
-    @Override
-    public TableMetadata refresh() {
-      return current;
-    }
-
-    @Override
-    public void commit(TableMetadata base, TableMetadata metadata) {
-      if (base != current) {
-        throw new CommitFailedException("stale base metadata");
-      }
-      if (base == metadata) {
-        return;
-      }
-      String path = metadataFileLocation("v" + (version + 1) + ".metadata.json");
-      TableMetadataParser.write(metadata, io.newOutputFile(path));
-      OutputFile hint = io.newOutputFile(metadataFileLocation("version-hint.text"));
-      try (PositionOutputStream stream = hint.createOrOverwrite()) {
-        stream.write(Integer.toString(version + 1).getBytes(StandardCharsets.UTF_8));
-      } catch (IOException e) {
-        throw new UncheckedIOException(e);
-      }
-      version++;
-      current = TableMetadataParser.read(io, path);
-    }
-
-    @Override
-    public FileIO io() {
-      return io;
-    }
-
-    @Override
-    public String metadataFileLocation(String fileName) {
-      return location + "/metadata/" + fileName;
-    }
-
-    @Override
-    public LocationProvider locationProvider() {
-      return LocationProviders.locationsFor(current.location(), current.properties());
-    }
-
-    @Override
-    public long newSnapshotId() {
-      return snapshotIds.nextLong() & Long.MAX_VALUE;
-    }
-  }
-
-  /** A FileIO over the local filesystem for {@code file:} URIs and plain paths. */
-  static final class LocalFileIO implements FileIO {
-    static File local(String location) {
-      if (location.startsWith("file://")) {
-        return new File(location.substring("file://".length()));
-      }
-      if (location.startsWith("file:")) {
-        return new File(location.substring("file:".length()));
-      }
-      if (location.contains("://")) {
-        throw new IllegalArgumentException("not a local location: " + location);
-      }
-      return new File(location);
-    }
-
-    @Override
-    public InputFile newInputFile(String path) {
-      InputFile file = Files.localInput(local(path));
-      return new InputFile() {
-        @Override
-        public long getLength() {
-          return file.getLength();
-        }
-
-        @Override
-        public org.apache.iceberg.io.SeekableInputStream newStream() {
-          return file.newStream();
-        }
-
-        @Override
-        public String location() {
-          return path;
-        }
-
-        @Override
-        public boolean exists() {
-          return file.exists();
-        }
-      };
-    }
-
-    @Override
-    public OutputFile newOutputFile(String path) {
-      File target = local(path);
-      OutputFile file = Files.localOutput(target);
-      FileIO self = this;
-      return new OutputFile() {
-        @Override
-        public PositionOutputStream create() {
-          target.getParentFile().mkdirs();
-          return file.create();
-        }
-
-        @Override
-        public PositionOutputStream createOrOverwrite() {
-          target.getParentFile().mkdirs();
-          return file.createOrOverwrite();
-        }
-
-        @Override
-        public String location() {
-          return path;
-        }
-
-        @Override
-        public InputFile toInputFile() {
-          return self.newInputFile(path);
-        }
-      };
-    }
-
-    @Override
-    public void deleteFile(String path) {
-      File file = local(path);
-      if (file.exists() && !file.delete()) {
-        throw new UncheckedIOException(new IOException("cannot delete " + path));
-      }
-    }
   }
 }
