@@ -68,7 +68,7 @@ from pyiceberg.types import (
 )
 
 from compactor.bench.sample import EVENTS_SCHEMA, create_events_table, events_batch
-from compactor.iceberg import delete_files
+from compactor.commit import snapshot_writer
 
 
 def _events(catalog: Catalog, *, format_version: str = "2", commits: int = 4) -> Table:
@@ -378,7 +378,7 @@ def test_java_fails_on_equality_ids_written_as_longs(
         assert content == ManifestContent.DELETES and format_version == 2
         return _PyicebergDeleteManifestWriter(*args)
 
-    monkeypatch.setattr(delete_files, "manifest_writer", pyiceberg_writer)
+    monkeypatch.setattr(snapshot_writer, "manifest_writer", pyiceberg_writer)
     table = _events(catalog, commits=2)
     target = _region_files(table, "eu")[0]
     first_id = read_data_file(table, target).column("event_id")[0].as_py()
