@@ -15,6 +15,7 @@ from helpers import live_data_files, local_path, run_compaction, unreferenced_fi
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 
+import compactor
 from compactor.bench.sample import create_events_table
 from compactor.commit.inflight import (
     LeaseHeldError,
@@ -92,6 +93,31 @@ def test_live_run_makes_another_back_off(catalog: Catalog, events: Table) -> Non
     result, table = run_compaction(catalog, TABLE)
     assert result.snapshot_ids
     assert read_record(table) is None
+
+
+def test_the_library_returns_a_backed_off_result_while_a_live_run_holds_the_table(
+    catalog: Catalog, events: Table
+) -> None:
+    """``compactor.compact`` and ``compactor.rewrite_deletes`` do nothing and say why, as the
+    command line does, instead of raising."""
+    holder = RunLease(events, "holder", ttl_s=600)
+    holder.acquire()
+    try:
+        snapshots = len(events.metadata.snapshots)
+        compacted = compactor.compact(
+            events, target_file_size="1MiB", allow_small_target=True, min_input_files=2
+        )
+        rewritten = compactor.rewrite_deletes(events)
+        table = catalog.load_table(TABLE)
+        assert "run holder" in (compacted.backed_off or "")
+        assert "run holder" in (rewritten.backed_off or "")
+        assert compacted.plan.groups and not compacted.snapshot_ids
+        assert rewritten.snapshot_id is None and rewritten.to_dict()["backed_off"]
+        assert len(table.metadata.snapshots) == snapshots
+        assert unreferenced_files(table) == []
+        assert read_record(table).run_id == "holder"
+    finally:
+        holder.release()
 
 
 def test_abandoned_run_files_are_removed_but_referenced_ones_kept(

@@ -14,7 +14,7 @@ from compactor.cli.common import (
     open_table,
     warn_in_doubt,
 )
-from compactor.cli.output import fail, guarded, out, print_json, print_table
+from compactor.cli.output import err, fail, guarded, out, print_json, print_table
 from compactor.errors import CompactorError, UsageError
 from compactor.sizes import count, format_size
 
@@ -260,6 +260,9 @@ def rewrite_deletes(
     result = rewrite(tbl, target_file_size=target_file_size, where=where, dry_run=dry_run)
     if as_json:
         print_json(result.to_dict())
+        return
+    if result.backed_off:
+        err.print(result.backed_off, markup=False, highlight=False)
         return
     warn_in_doubt(table, result.commits_in_doubt)
     verb = "would replace" if dry_run else "replaced"

@@ -493,6 +493,9 @@ class Daemon:
         result = api.rewrite_deletes(
             table, target_file_size=section.target_file_size, where=section.where
         )
+        if result.backed_off:  # another run holds the table: nothing was done
+            row.error = result.backed_off
+            return SKIPPED
         row.input_files, row.input_bytes = result.files_removed, result.bytes_removed
         row.output_files, row.output_bytes = result.files_added, result.bytes_added
         row.snapshot_ids = [result.snapshot_id] if result.snapshot_id else []

@@ -66,7 +66,7 @@ from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.typedef import Record
 
 from compactor.commit.committer import CommitJournal, commit_on_branch, replace_snapshot
-from compactor.commit.inflight import PendingCommit
+from compactor.commit.inflight import LeaseHeldError, PendingCommit
 from compactor.commit.retry import RetryPolicy
 from compactor.commit.run_scope import RunScope
 from compactor.commit.snapshot_writer import SnapshotWriter, carry_over
@@ -201,6 +201,7 @@ class DeleteRewriteResult:
     commits_in_doubt: list[PendingCommit] = field(default_factory=list)
     attempts: int = 0
     duration_s: float = 0.0
+    backed_off: str | None = None  # why the run did not start: another run holds the table
 
     @property
     def _done(self) -> list[DeleteGroup]:
@@ -256,6 +257,7 @@ class DeleteRewriteResult:
             "recovered_files": len(self.recovered_files),
             "commits_in_doubt": [c.to_dict() for c in self.commits_in_doubt],
             "attempts": self.attempts,
+            "backed_off": self.backed_off,
             "duration_ms": round(self.duration_s * 1000),
         }
 
@@ -283,10 +285,10 @@ def rewrite_position_deletes(
     ``dry_run`` reads the delete files and reports what would change, writing nothing.
 
     Raises :class:`UnsupportedTableError` for format version 3 (deletion vectors),
-    :class:`compactor.commit.inflight.LeaseHeldError` when a live run holds the table,
     :class:`CommitStateUnknownError` when the catalog cannot tell whether the commit landed
     (every file is kept for the next run), :class:`DataFileError` for an unreadable delete file.
-    Partitions refused because of a concurrent commit are reported in ``result.conflicts``.
+    Partitions refused because of a concurrent commit are reported in ``result.conflicts``;
+    when a live run holds the table nothing is done and ``result.backed_off`` says why.
     """
     started = time.monotonic()
     metadata = table.metadata
@@ -309,38 +311,45 @@ def rewrite_position_deletes(
         result.duration_s = time.monotonic() - started
         return result
 
-    with RunScope(table, run_id, lease_ttl_s) as scope:
-        scan = _plan(table, row_filter, result)
-        scope.start_writing()
-        for group in scan.groups:
-            intent = IntentLog(table.io, table.metadata.location, run_id, group.group_id)
-            writer = (run_id, intent.add, target)
-            _rewrite_group(table, identifier, group, scan.live, result, writer)
-        result.groups = [g for g in scan.groups if g.skipped is None]
-        if result.groups:
-            properties = {
-                SNAPSHOT_PROPERTY_TOOL: _version(),
-                SNAPSHOT_PROPERTY_RUN_ID: run_id,
-                SNAPSHOT_PROPERTY_ACTION: ACTION,
-            }
-            with scope.committing():
-                outcome = commit_delete_rewrite(
-                    table,
-                    identifier,
-                    result.start_snapshot_id,
-                    scan.start_manifests,
-                    result.groups,
-                    properties,
-                    journal=scope.journal,
-                )
-                scope.keep(d.file_path for g in outcome.committed for d in g.outputs)
-            result.snapshot_id = outcome.snapshot_id
-            result.committed = outcome.committed
-            result.conflicts = outcome.conflicts
-            result.attempts = outcome.attempts
-        result.delete_files_after = (
-            _live_delete_kinds(table) if result.snapshot_id else dict(result.delete_files_before)
-        )
+    try:
+        with RunScope(table, run_id, lease_ttl_s) as scope:
+            scan = _plan(table, row_filter, result)
+            scope.start_writing()
+            for group in scan.groups:
+                intent = IntentLog(table.io, table.metadata.location, run_id, group.group_id)
+                writer = (run_id, intent.add, target)
+                _rewrite_group(table, identifier, group, scan.live, result, writer)
+            result.groups = [g for g in scan.groups if g.skipped is None]
+            if result.groups:
+                properties = {
+                    SNAPSHOT_PROPERTY_TOOL: _version(),
+                    SNAPSHOT_PROPERTY_RUN_ID: run_id,
+                    SNAPSHOT_PROPERTY_ACTION: ACTION,
+                }
+                with scope.committing():
+                    outcome = commit_delete_rewrite(
+                        table,
+                        identifier,
+                        result.start_snapshot_id,
+                        scan.start_manifests,
+                        result.groups,
+                        properties,
+                        journal=scope.journal,
+                    )
+                    scope.keep(d.file_path for g in outcome.committed for d in g.outputs)
+                result.snapshot_id = outcome.snapshot_id
+                result.committed = outcome.committed
+                result.conflicts = outcome.conflicts
+                result.attempts = outcome.attempts
+            result.delete_files_after = (
+                _live_delete_kinds(table)
+                if result.snapshot_id
+                else dict(result.delete_files_before)
+            )
+    except LeaseHeldError as exc:  # nothing done: say why, as `compactor run` does
+        result.backed_off = str(exc)
+        result.duration_s = time.monotonic() - started
+        return result
     result.recovered_files, result.commits_in_doubt = scope.recovered, scope.in_doubt
     result.duration_s = time.monotonic() - started
     return result
