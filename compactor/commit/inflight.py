@@ -370,7 +370,7 @@ class RunLease:
     @property
     def in_doubt(self) -> list[PendingCommit]:
         """Commits of abandoned runs that may still land: their runs' files are kept."""
-        return [c for c in self._carried if c.run_id != self._record.run_id]
+        return list(self._carried)
 
     def _recover(self, abandoned: RunRecord) -> bool:
         """Delete what ``abandoned`` runs left, unless a commit of theirs may still land.
@@ -424,11 +424,6 @@ class RunLease:
             self._check_held_locked()
             self._record.files.extend(paths)
             self._write_locked()
-
-    def verify(self) -> None:
-        """Raise unless the record is still this run's (checked just before each commit)."""
-        with self._lock:
-            self._check_held_locked()
 
     def release(self) -> None:
         """Stop the heartbeat and delete the record if it is still this run's.

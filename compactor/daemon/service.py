@@ -26,7 +26,6 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 
 from compactor import api
-from compactor.commit.inflight import LeaseHeldError
 from compactor.compaction import RunResult
 from compactor.daemon.config import DaemonConfig
 from compactor.daemon.fragmentation import FragmentationScanner, due_reasons
@@ -407,9 +406,10 @@ class Daemon:
         started = time.monotonic()
         try:
             row.outcome = self._perform(request, row)
-        except (LeaseHeldError, GcDisabledError, UnsupportedTableError) as exc:
-            # Held by another run, gc.enabled=false, or not something this action does (e.g.
-            # rewrite_deletes on a v3 table): nothing to retry, nothing changed.
+        except (GcDisabledError, UnsupportedTableError) as exc:
+            # gc.enabled=false, or not something this action does (e.g. rewrite_deletes on a v3
+            # table): nothing to retry, nothing changed. (A table another run holds comes back
+            # as a result that backed off.)
             row.outcome, row.error = SKIPPED, first_line(exc)
         except CommitConflictError as exc:
             row.outcome, row.error, row.conflicts = CONFLICT, first_line(exc), 1
