@@ -5,7 +5,7 @@ BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed-stamp
 DEMO_HOME ?= $(CURDIR)/.compactor-demo
 
-.PHONY: venv demo test test-quick fuzz lint types check format clean
+.PHONY: venv demo test test-quick test-unit fuzz lint types check format clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "compactor needs Python 3.11+ (set PYTHON=...)")'
@@ -25,9 +25,12 @@ test: venv  ## run the whole test suite (starts the servers it needs by itself)
 test-quick: venv  ## everything but the tests marked slow: the inner loop while developing
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup -m "not slow"
 
+test-unit: venv  ## tests/unit alone: no catalog, server or JVM, seconds (the innermost loop)
+	$(BIN)/python -m pytest -q tests/unit
+
 SEEDS ?= 20
 fuzz: venv  ## random table histories judged by Iceberg Java: `make fuzz SEEDS=100`, or SEED=1234 for one
-	$(BIN)/python tests/fuzz.py $(if $(SEED),--seed $(SEED),--seeds $(SEEDS))
+	$(BIN)/python tests/support/fuzz.py $(if $(SEED),--seed $(SEED),--seeds $(SEEDS))
 
 lint: venv  ## ruff's lint rules and formatting, checked (`make format` applies them)
 	$(BIN)/ruff check compactor tests deploy

@@ -5,15 +5,17 @@ The library API (see the README's "Library" section)::
     import compactor
     result = compactor.compact(table, target_file_size="256MiB")
 
-- :func:`plan`, :func:`compact`, :func:`expire_snapshots`, :func:`remove_orphans` and
-  :func:`rewrite_deletes` work on a
-  table loaded with pyiceberg; options are keyword arguments (:func:`resolve_options`) or a
-  :class:`RewriteOptions`.
+- :func:`inspect`, :func:`plan`, :func:`compact`, :func:`expire_snapshots`,
+  :func:`remove_orphans` and :func:`rewrite_deletes` work on a table loaded with pyiceberg;
+  options are keyword arguments named as the fields of the action's model
+  (:class:`CompactOptions`, :class:`ExpireOptions`, :class:`OrphansOptions`,
+  :class:`RewriteDeletesOptions`) or one instance of it (a resolved :class:`RewriteOptions`
+  for compaction).
 - :class:`RewriteTask`, :class:`TaskResult` and :func:`run_task` are the seam for custom
   executors: a task is plain data (``to_json``/``from_json``) that :func:`run_task` rewrites
   in any process; :class:`Executor` is what ``compact(executor=...)`` accepts.
-- Results: :class:`RunResult` (``compact``; ``backed_off`` when another run holds the table),
-  :class:`DeleteRewriteResult`, :class:`ExpireResult`, :class:`OrphanResult`; each has
+- Results: :class:`Inspection` (``inspect``), :class:`RunResult` (``compact``; ``backed_off``
+  when another run holds the table), :class:`DeleteRewriteResult`, :class:`ExpireResult`, :class:`OrphanResult`; each has
   ``to_dict()``, the command's ``--json`` output.
 - Errors derive from :class:`CompactorError`; :class:`UsageError` for bad options.
 
@@ -42,10 +44,17 @@ __version__ = version("compactor")
 _LAZY = {
     "plan": "compactor.api",
     "compact": "compactor.api",
+    "inspect": "compactor.api",
+    "Inspection": "compactor.api",
+    "CommitInDoubt": "compactor.commit.inflight",
     "expire_snapshots": "compactor.api",
     "remove_orphans": "compactor.api",
     "rewrite_deletes": "compactor.api",
     "RewriteOptions": "compactor.options",
+    "CompactOptions": "compactor.options",
+    "ExpireOptions": "compactor.options",
+    "OrphansOptions": "compactor.options",
+    "RewriteDeletesOptions": "compactor.options",
     "resolve_options": "compactor.options",
     "Plan": "compactor.planning.planner",
     "RunResult": "compactor.compaction",
@@ -66,19 +75,25 @@ _LAZY = {
 
 __all__ = [
     "CancelToken",
+    "CommitInDoubt",
     "CommitConflictError",
     "CommitStateUnknownError",
+    "CompactOptions",
     "CompactorError",
     "ConfigError",
     "DataFileError",
     "DeleteRewriteResult",
     "Executor",
+    "ExpireOptions",
     "ExpireResult",
     "GcDisabledError",
+    "Inspection",
     "LeaseHeldError",
     "OrphanResult",
+    "OrphansOptions",
     "PendingCommit",
     "Plan",
+    "RewriteDeletesOptions",
     "RewriteOptions",
     "RewriteTask",
     "RunResult",
@@ -91,6 +106,7 @@ __all__ = [
     "__version__",
     "compact",
     "expire_snapshots",
+    "inspect",
     "plan",
     "remove_orphans",
     "resolve_options",
@@ -99,14 +115,29 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from compactor.api import compact, expire_snapshots, plan, remove_orphans, rewrite_deletes
-    from compactor.commit.inflight import LeaseHeldError, PendingCommit
+    from compactor.api import (
+        Inspection,
+        compact,
+        expire_snapshots,
+        inspect,
+        plan,
+        remove_orphans,
+        rewrite_deletes,
+    )
+    from compactor.commit.inflight import CommitInDoubt, LeaseHeldError, PendingCommit
     from compactor.compaction import RunResult
     from compactor.execute.executors import Executor, ThreadExecutor
     from compactor.maintain.delete_rewrite import DeleteRewriteResult
     from compactor.maintain.expire import ExpireResult
     from compactor.maintain.orphans import OrphanResult
-    from compactor.options import RewriteOptions, resolve_options
+    from compactor.options import (
+        CompactOptions,
+        ExpireOptions,
+        OrphansOptions,
+        RewriteDeletesOptions,
+        RewriteOptions,
+        resolve_options,
+    )
     from compactor.planning.planner import Plan, TaskInput
     from compactor.planning.tasks import RewriteTask, TaskResult
     from compactor.rewrite.task_runner import CancelToken, TaskCancelled, run_task

@@ -1,9 +1,12 @@
-"""The library API over a table you loaded with pyiceberg: plan, compact, expire, sweep.
+"""The library API over a table you loaded with pyiceberg: plan, compact, expire, sweep,
+rewrite deletes. The command line and the daemon call these, and nothing else, to run an action.
 
-Options are keyword arguments named as in :func:`compactor.options.resolve_options`
-(``target_file_size="256MiB"``, ``where="region = 'eu'"``, ``commit_every=4``, ...) or one
-resolved :class:`~compactor.options.RewriteOptions`; the table's own properties fill in the
-rest, as for the command line. The table's identifier is taken from the table. Every action
+Each action takes its options as keyword arguments named as the fields of its model
+(:class:`~compactor.options.CompactOptions`: ``target_file_size="256MiB"``,
+``where="region = 'eu'"``, ``commit_every=4``, ...; :class:`~compactor.options.ExpireOptions`,
+:class:`~compactor.options.OrphansOptions`, :class:`~compactor.options.RewriteDeletesOptions`)
+or as one model instance (for compaction, one resolved :class:`~compactor.options.RewriteOptions`);
+the table's own properties fill in the rest, as for the command line. The table's identifier is taken from the table. Every action
 first installs compactor's fixes to pyiceberg (:func:`compactor.iceberg.pyiceberg_compat.install`).
 """
 
@@ -12,20 +15,24 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Collection, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 
 from compactor import compaction
-from compactor.commit.inflight import LeaseHeldError
+from compactor.commit.inflight import CommitInDoubt, LeaseHeldError, in_doubt_report
 from compactor.compaction import Progress, RunResult
 from compactor.errors import UsageError
 from compactor.execute.executors import Executor
 from compactor.iceberg import pyiceberg_compat
 from compactor.iceberg.catalogs import identifier_of
 from compactor.maintain import delete_rewrite, expire, orphans
-from compactor.options import RewriteOptions, resolve_options
+from compactor.options.compact import RewriteOptions, resolve_options
+from compactor.options.fields import Model, parse_options
+from compactor.options.maintenance import ExpireOptions, OrphansOptions, RewriteDeletesOptions
+from compactor.planning.health import TableHealth, table_health
 from compactor.planning.planner import Plan, plan_rewrite
 
 
@@ -33,20 +40,31 @@ def options_for(
     table: Table, options: RewriteOptions | None, overrides: dict[str, Any]
 ) -> RewriteOptions:
     """``options`` as given, or resolved from ``overrides`` over the table's properties."""
+    _one_of(options, overrides)
     if options is None:
         return resolve_options(identifier_of(table), table.metadata.properties, **overrides)
-    if overrides:
+    return options
+
+
+def model_for(model: type[Model], options: Model | None, overrides: dict[str, Any]) -> Model:
+    """``options`` as given (a job section is one), or the model of the option keywords."""
+    _one_of(options, overrides)
+    return parse_options(model, overrides) if options is None else options
+
+
+def _one_of(options: object, overrides: dict[str, Any]) -> None:
+    if options is not None and overrides:
         raise UsageError(
             f"give options or option keywords ({', '.join(sorted(overrides))}), not both"
         )
-    return options
 
 
 def plan(table: Table, options: RewriteOptions | None = None, **option_overrides: Any) -> Plan:
     """What :func:`compact` would rewrite now: groups, input files and bytes. Writes nothing."""
     pyiceberg_compat.install()
     identifier = identifier_of(table)
-    return plan_rewrite(table, identifier, options_for(table, options, option_overrides))
+    resolved = options_for(table, options, option_overrides)
+    return plan_rewrite(table, identifier, resolved.plan)[0]
 
 
 def compact(
@@ -87,15 +105,54 @@ def compact(
         return compaction.backed_off(table, resolved, str(exc))
 
 
+@dataclass
+class Inspection:
+    """How fragmented a table is (``compactor inspect``): its files against the target, the
+    unreadable files the last compaction skipped, and commits that may still land."""
+
+    health: TableHealth
+    unreadable_files: list[str]
+    commits_in_doubt: list[CommitInDoubt]
+    warnings: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``--json`` output of ``compactor inspect``."""
+        return {
+            **self.health.to_dict(),
+            "unreadable_files": self.unreadable_files,
+            "commits_in_doubt": [c.to_dict() for c in self.commits_in_doubt],
+        }
+
+
+def inspect(
+    table: Table, options: RewriteOptions | None = None, **option_overrides: Any
+) -> Inspection:
+    """The table's files against the target a compaction would use (options as for
+    :func:`compact`; ``target_file_size`` is the one that matters). Reads manifests only."""
+    pyiceberg_compat.install()
+    resolved = options_for(table, options, option_overrides)
+    health = table_health(
+        table,
+        identifier_of(table),
+        resolved.plan.target_file_size,
+        resolved.plan.min_input_files,
+    )
+    return Inspection(
+        health,
+        compaction.last_unreadable_files(table),
+        in_doubt_report(table),
+        resolved.warnings,
+    )
+
+
 def expire_snapshots(
     table: Table,
+    options: ExpireOptions | None = None,
     *,
-    older_than: str | None = None,
-    retain_last: int | None = None,
     dry_run: bool = False,
     catalog: Catalog | None = None,
     snapshot_ids: Iterable[int] = (),
-    clean_expired_metadata: bool = False,
+    **option_overrides: Any,
 ) -> expire.ExpireResult:
     """Expire old snapshots, then delete the files only they reached (``compactor expire``).
 
@@ -106,22 +163,29 @@ def expire_snapshots(
     that no other table's files are deleted.
     """
     pyiceberg_compat.install()
+    given = model_for(ExpireOptions, options, option_overrides)
     identifier = identifier_of(table)
     now_ms = int(time.time() * 1000)
     policy = expire.retention_policy(
-        table, identifier, older_than, retain_last, now_ms, snapshot_ids, clean_expired_metadata
+        table,
+        identifier,
+        given.older_than,
+        given.retain_last,
+        now_ms,
+        snapshot_ids,
+        given.clean_expired_metadata,
     )
     return expire.expire_snapshots(table, identifier, policy, catalog=catalog, dry_run=dry_run)
 
 
 def remove_orphans(
     table: Table,
+    options: OrphansOptions | None = None,
     *,
-    older_than: str | None = None,
-    allow_short_older_than: bool = False,
     dry_run: bool = False,
     catalog: Catalog | None = None,
     location: str | None = None,
+    **option_overrides: Any,
 ) -> orphans.OrphanResult:
     """Delete files under the table's location that nothing references (``compactor orphans``).
 
@@ -131,29 +195,37 @@ def remove_orphans(
     ``"data/region=eu"``).
     """
     pyiceberg_compat.install()
+    given = model_for(OrphansOptions, options, option_overrides)
     now_ms = int(time.time() * 1000)
-    cutoff = orphans.orphan_cutoff(older_than, now_ms, allow_short=allow_short_older_than)
+    cutoff = orphans.orphan_cutoff(
+        given.older_than, now_ms, allow_short=given.allow_short_older_than
+    )
     return orphans.remove_orphans(
         table,
         identifier_of(table),
         cutoff,
         catalog=catalog,
         dry_run=dry_run,
-        allow_short_older_than=allow_short_older_than,
+        allow_short_older_than=given.allow_short_older_than,
         location=location,
     )
 
 
 def rewrite_deletes(
     table: Table,
+    options: RewriteDeletesOptions | None = None,
     *,
-    target_file_size: int | str | None = None,
-    where: str | None = None,
     dry_run: bool = False,
+    **option_overrides: Any,
 ) -> delete_rewrite.DeleteRewriteResult:
     """Compact position-delete files per partition, dropping rows and files that apply to no
     live data file (``compactor rewrite-deletes``; Java's ``rewrite_position_delete_files``)."""
     pyiceberg_compat.install()
+    given = model_for(RewriteDeletesOptions, options, option_overrides)
     return delete_rewrite.rewrite_position_deletes(
-        table, identifier_of(table), target_file_size=target_file_size, where=where, dry_run=dry_run
+        table,
+        identifier_of(table),
+        target_file_size=given.target_file_size,
+        where=given.where,
+        dry_run=dry_run,
     )

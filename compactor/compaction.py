@@ -21,7 +21,6 @@ import json
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -30,10 +29,10 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import ancestors_of
 
-from compactor import __version__
 from compactor.commit.committer import CommitOutcome, commit_replace
 from compactor.commit.inflight import PendingCommit
-from compactor.commit.run_scope import RunScope
+from compactor.commit.run_scope import RunScope, new_run_id
+from compactor.commit.snapshot_writer import SNAPSHOT_PROPERTY_ACTION, SNAPSHOT_PROPERTY_RUN_ID
 from compactor.errors import (
     CommitConflictError,
     CompactorError,
@@ -43,16 +42,10 @@ from compactor.errors import (
 from compactor.execute import make_executor
 from compactor.execute.executors import Executor, ThreadExecutor
 from compactor.iceberg.catalogs import identifier_of
-from compactor.options import (
-    MAX_OUTPUT_GROWTH,
-    MIN_FILE_REDUCTION_FOR_GROWTH,
-    SNAPSHOT_PROPERTY_ACTION,
-    SNAPSHOT_PROPERTY_RUN_ID,
-    SNAPSHOT_PROPERTY_TOOL,
-    RewriteOptions,
-)
+from compactor.options.compact import CommitOptions, RewriteOptions
+from compactor.options.defaults import MAX_OUTPUT_GROWTH, MIN_FILE_REDUCTION_FOR_GROWTH
 from compactor.planning.health import delete_file_kinds
-from compactor.planning.planner import FileGroup, InputFile, Plan, plan_rewrite
+from compactor.planning.planner import CommitContext, FileGroup, InputFile, Plan, plan_rewrite
 from compactor.planning.tasks import RewriteTask, TaskResult, plan_tasks
 from compactor.rewrite.task_runner import EventToken, TaskCancelled
 from compactor.sizes import count, format_size, peak_rss_bytes
@@ -132,7 +125,7 @@ class RunResult:
     plan: Plan
     run_id: str
     dry_run: bool = False
-    commits: list[CommitOutcome] = field(default_factory=list)
+    commits: list[CommitOutcome[TaskResult]] = field(default_factory=list)
     failures: list[GroupFailure] = field(default_factory=list)
     skipped_files: list[SkippedFile] = field(default_factory=list)
     grown_groups: list[GrownGroup] = field(default_factory=list)  # left as they were
@@ -255,9 +248,16 @@ class CommitManager:
     :meth:`~compactor.commit.run_scope.RunScope.committing` (no clean-up while one is in doubt).
     """
 
-    def __init__(self, table: Table, result: RunResult, options: RewriteOptions, scope: RunScope):
+    def __init__(
+        self,
+        table: Table,
+        result: RunResult,
+        context: CommitContext,
+        options: CommitOptions,
+        scope: RunScope,
+    ):
         self.table, self.result, self.options, self.scope = table, result, options, scope
-        self.plan = result.plan
+        self.plan, self.context = result.plan, context
         self.batch_size = options.commit_batch_size(len(self.plan.groups))
         self.pending: list[TaskResult] = []
         self._rewritten: set[str] = set()  # input files replaced by this run's commits so far
@@ -305,10 +305,7 @@ class CommitManager:
         )
 
     def _commit(self, batch: list[TaskResult]) -> None:
-        properties = {
-            SNAPSHOT_PROPERTY_TOOL: __version__,
-            SNAPSHOT_PROPERTY_RUN_ID: self.result.run_id,
-        }
+        properties = self.scope.snapshot_properties()
         if self.result.skipped_files:
             skipped = sorted({f.path for f in self.result.skipped_files})
             properties[UNREADABLE_FILES_PROPERTY] = json.dumps(skipped)
@@ -318,6 +315,7 @@ class CommitManager:
                 outcome = commit_replace(
                     self.table,
                     self.plan,
+                    self.context,
                     batch,
                     properties,
                     rewritten_before=frozenset(self._rewritten),
@@ -433,16 +431,11 @@ def last_unreadable_files(table: Table) -> list[str]:
     return []
 
 
-def new_run_id() -> str:
-    """A run id: names the run's files, intent files and snapshots."""
-    return uuid.uuid4().hex[:12]
-
-
 def backed_off(table: Table, options: RewriteOptions, reason: str) -> RunResult:
     """The result of a run that backed off because another run holds ``table``: what it would
     have rewritten, nothing committed."""
     identifier = identifier_of(table)
-    plan = plan_rewrite(table, identifier, options)
+    plan, _ = plan_rewrite(table, identifier, options.plan)
     return RunResult(identifier, plan, new_run_id(), backed_off=reason)
 
 
@@ -458,7 +451,7 @@ def compact_table(
 ) -> RunResult:
     """Compact ``table`` per ``options``; commits nothing when dry-run or nothing helps.
 
-    Groups are rewritten by ``executor`` (default: the one ``options.executor`` names, closed
+    Groups are rewritten by ``executor`` (default: the one ``options.execution`` names, closed
     at the end; an executor given is the caller's to close). Raises
     :class:`compactor.commit.inflight.LeaseHeldError` when another live run holds the table. Setting
     ``stop`` ends the run early: no new group starts, running ones are abandoned at the next
@@ -468,12 +461,12 @@ def compact_table(
     started = time.monotonic()
     run_id, identifier = new_run_id(), identifier_of(table)
     if dry_run:
-        plan = plan_rewrite(table, identifier, options, grown_before)
+        plan, _ = plan_rewrite(table, identifier, options.plan, grown_before)
         result = RunResult(identifier, plan, run_id, dry_run=True)
         result.duration_s = time.monotonic() - started
         return result
     owned = executor is None
-    executor = executor or make_executor(options)
+    executor = executor or make_executor(options.execution)
     try:
         result = _run(table, identifier, options, run_id, executor, progress, stop, grown_before)
     finally:
@@ -493,14 +486,14 @@ def _run(
     stop: threading.Event | None,
     grown_before: Collection[frozenset[str]],
 ) -> RunResult:
-    with RunScope(table, run_id, options.lease_ttl_s) as scope:
-        plan = plan_rewrite(table, identifier, options, grown_before)
+    with RunScope(table, run_id, options.commit.lease_ttl_s) as scope:
+        plan, context = plan_rewrite(table, identifier, options.plan, grown_before)
         result = RunResult(identifier, plan, run_id)
-        if result.plan.groups:
+        if plan.groups:
             if progress:
-                progress.start(result.plan)
-            tasks = plan_tasks(result.plan, run_id, table.io.properties)
-            commits = CommitManager(table, result, options, scope)
+                progress.start(plan)
+            tasks = plan_tasks(plan, run_id, table.io.properties, options.execution)
+            commits = CommitManager(table, result, context, options.commit, scope)
             scope.start_writing()
             _rewrite_and_commit(tasks, executor, commits, progress, stop or threading.Event())
     result.recovered_files, result.commits_in_doubt = scope.recovered, scope.in_doubt

@@ -10,6 +10,8 @@ from pathlib import Path
 
 from compactor.errors import UsageError
 
+MiB = 2**20
+GiB = 2**30
 _UNITS = {
     "": 1,
     "B": 1,

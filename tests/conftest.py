@@ -1,13 +1,21 @@
-"""Fixtures for the compaction correctness suite: a real SQLite-backed pyiceberg catalog."""
+"""Fixtures of more than one folder of the suite: a SQLite catalog, the Java reader."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 
 from compactor.iceberg import pyiceberg_compat
+
+# The suite's shared code (tests/support/, on the path by pyproject's ``pythonpath``): its
+# asserts are rewritten as in test modules, so that a failing helper shows its values.
+pytest.register_assert_rewrite("support")
+
+if TYPE_CHECKING:
+    from support.java_reader import JavaReader
 
 NAMESPACE = "db"
 
@@ -39,7 +47,8 @@ def catalog(tmp_path: Path, warehouse: Path) -> SqlCatalog:
     return cat
 
 
-# The stress test's size: writer operations. Small in the normal suite; larger with the flag.
+# The stress test's size: writer operations. Small in the normal suite; larger with the flag
+# (declared here, where pytest reads command-line options whatever folder is run).
 DEFAULT_STRESS_OPS = 30
 
 
@@ -58,41 +67,10 @@ def stress_ops(request: pytest.FixtureRequest) -> int:
     return request.config.getoption("--stress-ops")
 
 
-# The independent reader: Apache Iceberg's Java library (tests/java, see java_reader.py).
-import java_reader as java_reader_module  # noqa: E402
-
-
 @pytest.fixture(scope="session")
-def java_reader() -> java_reader_module.JavaReader:
-    """The Java reader, built once per source version (Maven); a failed build errors the test."""
-    return java_reader_module.ensure_reader()
+def java_reader() -> JavaReader:
+    """The independent reader, Apache Iceberg's Java library (tests/support/java), built once per
+    source version (Maven); a failed build errors the test."""
+    from support.java_reader import ensure_reader
 
-
-# A real multi-node Ray cluster on loopback (tests/ray_cluster.py), for the Ray executor's tests.
-from collections.abc import Iterator  # noqa: E402
-from typing import TYPE_CHECKING  # noqa: E402
-
-if TYPE_CHECKING:
-    from ray_cluster import RayCluster
-
-
-@pytest.fixture(scope="session")
-def ray_cluster() -> Iterator[RayCluster]:
-    """A head and a worker node, one CPU each, started once; every process stopped at the end."""
-    from ray_cluster import ray_cluster as start_cluster
-
-    with start_cluster(workers=1) as cluster:
-        yield cluster
-
-
-@pytest.fixture(params=["bulk", "iceberg"])
-def read_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Run the test's compactions with bulk reading on (the default), then off.
-
-    Modules whose row tests must hold on both read paths use it with
-    ``pytestmark = pytest.mark.usefixtures("read_path")``.
-    """
-    import helpers
-
-    monkeypatch.setitem(helpers.DEFAULT_OPTIONS, "bulk_read", request.param == "bulk")
-    return str(request.param)
+    return ensure_reader()

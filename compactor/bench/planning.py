@@ -305,25 +305,37 @@ def build_table(
 def plan_phase(
     catalog_properties: dict[str, str], target: str, allow_small_target: bool
 ) -> dict[str, Any]:
-    """Load ``tpcds.store_sales`` from the catalog, then ``compactor.plan`` it; the measures."""
+    """Load ``tpcds.store_sales`` from the catalog, then plan its compaction as a run does
+    (the plan and the committer's context); the measures."""
     from pyiceberg.catalog.sql import SqlCatalog
 
-    from compactor.api import plan
     from compactor.bench.warehouse import CATALOG_NAME
+    from compactor.iceberg import pyiceberg_compat
+    from compactor.options.compact import resolve_options
+    from compactor.planning.planner import plan_rewrite
+
+    pyiceberg_compat.install()
 
     usage = PhaseUsage()
     catalog = SqlCatalog(CATALOG_NAME, **catalog_properties)
     table = catalog.load_table(f"{NAMESPACE}.{TABLE}")
     loaded = usage.elapsed()
-    result = plan(table, target_file_size=target, allow_small_target=allow_small_target)
+    identifier = f"{NAMESPACE}.{TABLE}"
+    options = resolve_options(
+        identifier,
+        table.metadata.properties,
+        target_file_size=target,
+        allow_small_target=allow_small_target,
+    )
+    result, context = plan_rewrite(table, identifier, options.plan)
     total = usage.elapsed()
     return {
         "seconds": round(total, 3),
         "load_table_seconds": round(loaded, 3),
         "plan_seconds": round(total - loaded, 3),
         **usage.resources(),
-        "manifests": len(result.commit.start_manifests),
-        "manifests_read": len(result.commit.manifest_live_entries),
+        "manifests": len(context.start_manifests),
+        "manifests_read": len(context.manifest_live_entries),
         "data_files_scanned": result.data_files_scanned,
         "files_planned": result.input_files,
         "bytes_planned": result.input_bytes,

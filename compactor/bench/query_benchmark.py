@@ -32,7 +32,7 @@ from compactor.bench.warehouse import Warehouse
 from compactor.compaction import RunResult
 from compactor.errors import CompactorError
 from compactor.iceberg.duckdb_views import create_view
-from compactor.options import ROW_GROUP_SIZE_PROPERTY, resolve_options
+from compactor.options.compact import ROW_GROUP_SIZE_PROPERTY, resolve_options
 from compactor.planning.planner import Plan
 from compactor.sizes import format_size_exact
 

@@ -373,9 +373,9 @@ def compactor_phase(
     return {
         **usage.result(sum(r.input_bytes for r in result.committed), outputs, input_files),
         "groups": len(result.plan.groups),
-        "parallelism": options.parallelism,
-        "max_group_size": options.max_group_size,
-        "memory_limit": options.memory_limit,
+        "parallelism": options.execution.parallelism,
+        "max_group_size": options.plan.max_group_size,
+        "memory_limit": options.execution.memory_limit,
         "records_written": sum(r.records_read for r in result.committed),
         "rows_deleted": sum(r.rows_deleted for r in result.committed),
     }
@@ -572,8 +572,8 @@ def run_rewrite_benchmark(
         allow_small_target=parameters.allow_small_target,
     )
     floor_settings = (
-        options.target_file_size,
-        options.row_group_size,
+        options.plan.target_file_size,
+        options.execution.row_group_size,
         parquet_writer_kwargs(table.metadata.properties),
     )
     floor_dir = workdir / "floor-output"

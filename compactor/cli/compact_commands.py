@@ -19,21 +19,11 @@ from rich.progress import (
 )
 
 from compactor.cli.common import CatalogOpt, JsonOpt, TableOpt, open_table, warn_in_doubt
+from compactor.cli.model_flags import with_model_flags
 from compactor.cli.output import err, fail, guarded, out, print_json, print_table
 from compactor.durations import utc_now_text
 from compactor.errors import CompactorError
-from compactor.options import (
-    DEFAULT_COMMIT_EVERY,
-    DEFAULT_DELETE_FILE_THRESHOLD,
-    DEFAULT_DELETE_RATIO_THRESHOLD,
-    DEFAULT_EXECUTOR,
-    DEFAULT_MAX_COMMITS,
-    DEFAULT_MIN_INPUT_FILES,
-    DEFAULT_REWRITE_JOB_ORDER,
-    DEFAULT_STRATEGY,
-    RewriteOptions,
-    resolve_options,
-)
+from compactor.options.compact import CompactOptions, resolve_options
 from compactor.sizes import count, format_size
 
 if TYPE_CHECKING:
@@ -98,9 +88,9 @@ def stop_on_signals() -> Iterator[threading.Event]:
             signal.signal(sig, handler)
 
 
-def _warn(options: RewriteOptions) -> None:
+def _warn(warnings: tuple[str, ...]) -> None:
     """Print each of the resolved options' warnings as one line on stderr."""
-    for warning in options.warnings:
+    for warning in warnings:
         err.print(f"warning: {warning}", markup=False, highlight=False)
 
 
@@ -181,182 +171,13 @@ def _print_grown(result: RunResult) -> None:
 
 
 @commands.command()
+@with_model_flags(CompactOptions)
 @guarded
 def run(
     table: TableOpt,
     catalog: CatalogOpt = None,
-    target_file_size: Annotated[
-        str | None,
-        typer.Option(
-            help="Output file size: 128MB, 512MiB or bytes, 64MB..512MiB. "
-            "Default: the table's write.target-file-size-bytes, else 512MiB."
-        ),
-    ] = None,
-    allow_small_target: Annotated[
-        bool, typer.Option(help="Allow --target-file-size below 64MB (for tests and experiments).")
-    ] = False,
-    min_input_files: Annotated[
-        int,
-        typer.Option(
-            help="Rewrite a group only with at least this many files (or a target's worth of bytes)."
-        ),
-    ] = DEFAULT_MIN_INPUT_FILES,
-    delete_file_threshold: Annotated[
-        int | None,
-        typer.Option(
-            help="Rewrite any data file with at least this many delete files (position or "
-            "equality) applying to it, whatever its size. Default: off (as Spark)."
-        ),
-    ] = DEFAULT_DELETE_FILE_THRESHOLD,
-    delete_ratio_threshold: Annotated[
-        float,
-        typer.Option(
-            help="Rewrite any data file whose position deletes remove at least this share of "
-            "its rows, whatever its size (as Spark's delete-ratio-threshold)."
-        ),
-    ] = DEFAULT_DELETE_RATIO_THRESHOLD,
-    max_group_size: Annotated[
-        str | None, typer.Option(help="Largest amount of input in one group (default 100GiB).")
-    ] = None,
-    where: Annotated[
-        str | None,
-        typer.Option(
-            help="Only touch files that may hold rows matching this filter, e.g. \"day >= '2026-01-01'\"."
-        ),
-    ] = None,
-    parallelism: Annotated[
-        int | None,
-        typer.Option(
-            help="Groups rewritten at once (default: one per core of this process; with "
-            "--executor ray, as many as the cluster schedules). While fewer groups than this "
-            "are planned, the largest one with two target files' worth of input or more is "
-            "cut in two, in write order."
-        ),
-    ] = None,
-    commit_every: Annotated[
-        int,
-        typer.Option(
-            help="Partial progress: commit every N finished groups, so finished work survives "
-            "a later failure and a failed group fails alone. 0 = one all-or-nothing commit."
-        ),
-    ] = DEFAULT_COMMIT_EVERY,
-    max_commits: Annotated[
-        int, typer.Option(help="With --commit-every: at most this many commits in one run.")
-    ] = DEFAULT_MAX_COMMITS,
-    executor: Annotated[
-        str,
-        typer.Option(
-            help="Where groups are rewritten: 'threads' (in this process, --parallelism at once) "
-            "or 'ray' (tasks on a Ray cluster; needs pip install 'compactor[ray]')."
-        ),
-    ] = DEFAULT_EXECUTOR,
-    ray_address: Annotated[
-        str | None,
-        typer.Option(
-            help="With --executor ray: the cluster to connect to (e.g. ray://head:10001 or "
-            "auto). Default: Ray's own (RAY_ADDRESS, else a local Ray)."
-        ),
-    ] = None,
-    memory_limit: Annotated[
-        str | None,
-        typer.Option(
-            help="Resident memory this run aims to stay under, e.g. 1GiB (default 384MiB, at "
-            "least 304MiB). It sets the buffers of each worker and, without --parallelism, how "
-            "many run at once: one per 144MiB past 160MiB (two from 448MiB). With --executor "
-            "ray: per Ray worker process."
-        ),
-    ] = None,
-    bulk_read: Annotated[
-        bool,
-        typer.Option(
-            help="Read files that need none of Iceberg's read rules (no deletes, the current "
-            "schema's columns by id, name and type) many at once, in parallel. "
-            "--no-bulk-read reads every file through the Iceberg read path (slower; to diagnose)."
-        ),
-    ] = True,
-    min_file_size: Annotated[
-        str | None,
-        typer.Option(
-            help="Files below this size are rewritten (Spark's min-file-size; default 75% of "
-            "the target)."
-        ),
-    ] = None,
-    max_file_size: Annotated[
-        str | None,
-        typer.Option(
-            help="Files above this size are rewritten, split at the target (Spark's "
-            "max-file-size; default 180% of the target)."
-        ),
-    ] = None,
-    rewrite_all: Annotated[
-        bool,
-        typer.Option(
-            "--rewrite-all",
-            help="Rewrite every file (within --where), whatever its size, and every group, "
-            "whatever --min-input-files says (Spark's rewrite-all).",
-        ),
-    ] = False,
-    max_files_to_rewrite: Annotated[
-        int | None,
-        typer.Option(
-            help="Rewrite only the groups, in --rewrite-job-order, that fit in this many input "
-            "files together; the rest wait for the next run (Spark's max-files-to-rewrite)."
-        ),
-    ] = None,
-    rewrite_job_order: Annotated[
-        str,
-        typer.Option(
-            help="Order groups are rewritten and committed in: most-fragmented (most files "
-            "first), bytes-asc, bytes-desc, files-asc, files-desc (Spark's rewrite-job-order)."
-        ),
-    ] = DEFAULT_REWRITE_JOB_ORDER,
-    max_failed_commits: Annotated[
-        int | None,
-        typer.Option(
-            help="With --commit-every: stop the run once more commits than this failed "
-            "(default: --max-commits; Spark's partial-progress.max-failed-commits)."
-        ),
-    ] = None,
-    strategy: Annotated[
-        str,
-        typer.Option(
-            help="How each group's rows are ordered in the new files: binpack (as read), sort "
-            "(by --sort-order, else the table's sort order) or zorder (by --zorder), Spark's "
-            "strategies. Sorting happens per group, out of core in --memory-limit, spilling "
-            "to $TMPDIR."
-        ),
-    ] = DEFAULT_STRATEGY,
-    sort_order: Annotated[
-        str | None,
-        typer.Option(
-            help="With --strategy sort: columns to sort by, in Spark's syntax, e.g. "
-            '"event_time ASC NULLS LAST, region DESC" (default ASC; nulls first for ASC, '
-            "last for DESC)."
-        ),
-    ] = None,
-    zorder: Annotated[
-        str | None,
-        typer.Option(
-            help="With --strategy zorder: the columns whose values are interleaved, e.g. "
-            '"lat, lon" (two to four columns cluster best).'
-        ),
-    ] = None,
-    branch: Annotated[
-        str,
-        typer.Option(
-            help="Compact this branch of the table: plan from its head and commit the "
-            "`replace` snapshot to it (Spark's branch option); other branches and main stay "
-            "as they are."
-        ),
-    ] = "main",
-    output_spec_id: Annotated[
-        int | None,
-        typer.Option(
-            help="Rewrite the files of every other partition spec into this one (usually the "
-            "current spec after a partitioning change), whatever their size, split by its "
-            "partitions (Spark's output-spec-id). Default: each file keeps its spec."
-        ),
-    ] = None,
+    *,
+    options: dict[str, Any],
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the plan; write and commit nothing.")
     ] = False,
@@ -376,41 +197,13 @@ def run(
     from compactor.execute.progress_log import ProgressLog, progress_interval
 
     tbl = open_table(catalog, table)
-    options = resolve_options(
-        table,
-        tbl.metadata.properties,
-        target_file_size=target_file_size,
-        allow_small_target=allow_small_target,
-        min_input_files=min_input_files,
-        delete_file_threshold=delete_file_threshold,
-        delete_ratio_threshold=delete_ratio_threshold,
-        max_group_size=max_group_size,
-        parallelism=parallelism,
-        where=where,
-        commit_every=commit_every,
-        max_commits=max_commits,
-        executor=executor,
-        ray_address=ray_address,
-        bulk_read=bulk_read,
-        memory_limit=memory_limit,
-        min_file_size=min_file_size,
-        max_file_size=max_file_size,
-        rewrite_all=rewrite_all,
-        max_files_to_rewrite=max_files_to_rewrite,
-        rewrite_job_order=rewrite_job_order,
-        max_failed_commits=max_failed_commits,
-        strategy=strategy,
-        sort_order=sort_order,
-        zorder=zorder,
-        branch=branch,
-        output_spec_id=output_spec_id,
-    )
-    _warn(options)
+    resolved = resolve_options(table, tbl.metadata.properties, **options)
+    _warn(resolved.warnings)
     bar = _Bar() if (not as_json and sys.stderr.isatty()) else None
     progress = bar or ProgressLog(table, _progress_line, progress_interval())
     try:
         with stop_on_signals() as stop:
-            result = compact(tbl, options, dry_run=dry_run, progress=progress, stop=stop)
+            result = compact(tbl, resolved, dry_run=dry_run, progress=progress, stop=stop)
     finally:
         if bar:
             bar.stop()
@@ -473,46 +266,34 @@ def _print_health(health: TableHealth) -> None:
 
 
 @commands.command()
+@with_model_flags(CompactOptions, only=("target_file_size", "allow_small_target"))
 @guarded
 def inspect(
     table: TableOpt,
     catalog: CatalogOpt = None,
-    target_file_size: Annotated[
-        str | None,
-        typer.Option(help="Size below 75% of which a file counts as small (default as for `run`)."),
-    ] = None,
-    allow_small_target: Annotated[bool, typer.Option(help="Allow a target below 64MB.")] = False,
+    *,
+    options: dict[str, Any],
     as_json: JsonOpt = False,
 ) -> None:
-    """Show a table's files: count, bytes, average size, small files, delete files, worst partitions."""
-    from compactor.commit.inflight import in_doubt_report
-    from compactor.compaction import last_unreadable_files
-    from compactor.planning.health import table_health
+    """Show a table's files: count, bytes, average size, small files, delete files, worst partitions.
 
-    tbl = open_table(catalog, table)
-    options = resolve_options(
-        table,
-        tbl.metadata.properties,
-        target_file_size=target_file_size,
-        allow_small_target=allow_small_target,
-    )
-    _warn(options)
-    health = table_health(tbl, table, options.target_file_size, options.min_input_files)
-    unreadable = last_unreadable_files(tbl)
-    in_doubt = in_doubt_report(tbl)
+    A file is under target below 75% of --target-file-size (the one `run` would use).
+    """
+    from compactor.api import inspect as inspect_table
+
+    inspection = inspect_table(open_table(catalog, table), **options)
+    _warn(inspection.warnings)
     if as_json:
-        print_json(
-            {**health.to_dict(), "unreadable_files": unreadable, "commits_in_doubt": in_doubt}
-        )
+        print_json(inspection.to_dict())
         return
-    _print_health(health)
-    for path in unreadable:
+    _print_health(inspection.health)
+    for path in inspection.unreadable_files:
         line = f"unreadable file, skipped by the last compaction: {path}"
         out.print(line, markup=False, highlight=False)
-    for c in in_doubt:
+    for c in inspection.commits_in_doubt:
         line = (
-            f"commit in doubt: snapshot {c['snapshot_id']} of run {c['run_id']} on "
-            f"{c['branch']} got no answer from the catalog and may still land; "
-            f"{count(c['files_kept'], 'file')} kept until it lands or can no longer land"
+            f"commit in doubt: snapshot {c.commit.snapshot_id} of run {c.commit.run_id} on "
+            f"{c.commit.branch} got no answer from the catalog and may still land; "
+            f"{count(c.files_kept, 'file')} kept until it lands or can no longer land"
         )
         out.print(line, markup=False, highlight=False)

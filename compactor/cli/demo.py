@@ -104,7 +104,7 @@ def run_demo(*, commits: int, rows_per_commit: int) -> None:
             on_commit=lambda _: progress.advance(task),
         )
     options = resolve_options(DEMO_TABLE, table.metadata.properties)
-    before = table_health(table, DEMO_TABLE, options.target_file_size)
+    before = table_health(table, DEMO_TABLE, options.plan.target_file_size)
     out.print(
         f"{DEMO_TABLE}: {count(before.data_files, 'file')}, {format_size(before.data_bytes)}, "
         f"average {format_size(before.average_file_size)} over {count(before.snapshots, 'snapshot')}"
@@ -122,7 +122,7 @@ def run_demo(*, commits: int, rows_per_commit: int) -> None:
         f"({result.rewritten_bytes / 2**20 / max(seconds, 1e-3):.0f} MiB/s)"
     )
     table = catalog.load_table(DEMO_TABLE)
-    after = table_health(table, DEMO_TABLE, options.target_file_size)
+    after = table_health(table, DEMO_TABLE, options.plan.target_file_size)
     files_after = create_view(con, "events", table)
     t_after, rows_after = _time_query(con)
     _print_comparison(before, after, t_before, t_after, (files_before, files_after))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -14,8 +14,10 @@ from compactor.cli.common import (
     open_table,
     warn_in_doubt,
 )
+from compactor.cli.model_flags import with_model_flags
 from compactor.cli.output import err, fail, guarded, out, print_json, print_table
 from compactor.errors import CompactorError, UsageError
+from compactor.options.maintenance import ExpireOptions, OrphansOptions, RewriteDeletesOptions
 from compactor.sizes import count, format_size
 
 if TYPE_CHECKING:
@@ -76,24 +78,13 @@ def _snapshot_ids(text: str | None) -> list[int]:
 
 
 @commands.command()
+@with_model_flags(ExpireOptions)
 @guarded
 def expire(
     table: TableOpt,
     catalog: CatalogOpt = None,
-    older_than: Annotated[
-        str | None,
-        typer.Option(
-            help="Expire snapshots older than this: a duration (12h, 5d, 2w) or an ISO timestamp. "
-            "Default: the table's history.expire.max-snapshot-age-ms, else 5d."
-        ),
-    ] = None,
-    retain_last: Annotated[
-        int | None,
-        typer.Option(
-            help="Keep at least this many snapshots of each branch. "
-            "Default: the table's history.expire.min-snapshots-to-keep, else 1."
-        ),
-    ] = None,
+    *,
+    options: dict[str, Any],
     snapshot_ids: Annotated[
         str | None,
         typer.Option(
@@ -101,14 +92,6 @@ def expire(
             "(Spark's snapshot_ids); never the head of a branch or tag."
         ),
     ] = None,
-    clean_expired_metadata: Annotated[
-        bool,
-        typer.Option(
-            "--clean-expired-metadata",
-            help="Also remove the partition specs and schemas no retained snapshot uses "
-            "(Spark's clean_expired_metadata); never the default spec or current schema.",
-        ),
-    ] = False,
     dry_run: Annotated[
         bool,
         typer.Option("--dry-run", help="Show what would be expired and deleted; change nothing."),
@@ -129,13 +112,7 @@ def expire(
 
     cat, tbl = open_catalog_and_table(catalog, table)
     result = expire_snapshots(
-        tbl,
-        older_than=older_than,
-        retain_last=retain_last,
-        dry_run=dry_run,
-        catalog=cat,
-        snapshot_ids=_snapshot_ids(snapshot_ids),
-        clean_expired_metadata=clean_expired_metadata,
+        tbl, dry_run=dry_run, catalog=cat, snapshot_ids=_snapshot_ids(snapshot_ids), **options
     )
     if as_json:
         print_json(result.to_dict())
@@ -153,25 +130,13 @@ def expire(
 
 
 @commands.command()
+@with_model_flags(OrphansOptions)
 @guarded
 def orphans(
     table: TableOpt,
     catalog: CatalogOpt = None,
-    older_than: Annotated[
-        str | None,
-        typer.Option(
-            help="Only delete files older than this (a duration or an ISO timestamp), so files "
-            "of commits in flight are safe. Default: 3d; at least 1d unless "
-            "--allow-short-older-than."
-        ),
-    ] = None,
-    allow_short_older_than: Annotated[
-        bool,
-        typer.Option(
-            help="Allow --older-than below 1d (for tests and experiments): files of commits and "
-            "compaction runs in flight could be deleted."
-        ),
-    ] = False,
+    *,
+    options: dict[str, Any],
     location: Annotated[
         str | None,
         typer.Option(
@@ -196,14 +161,7 @@ def orphans(
     from compactor.api import remove_orphans
 
     cat, tbl = open_catalog_and_table(catalog, table)
-    result = remove_orphans(
-        tbl,
-        older_than=older_than,
-        allow_short_older_than=allow_short_older_than,
-        dry_run=dry_run,
-        catalog=cat,
-        location=location,
-    )
+    result = remove_orphans(tbl, dry_run=dry_run, catalog=cat, location=location, **options)
     if as_json:
         print_json(result.to_dict())
     else:
@@ -222,21 +180,13 @@ def orphans(
 
 
 @commands.command("rewrite-deletes")
+@with_model_flags(RewriteDeletesOptions)
 @guarded
 def rewrite_deletes(
     table: TableOpt,
     catalog: CatalogOpt = None,
-    target_file_size: Annotated[
-        str | None,
-        typer.Option(
-            help="Size at which a new delete file rolls over. Default: the table's "
-            "write.delete.target-file-size-bytes, else 64MiB."
-        ),
-    ] = None,
-    where: Annotated[
-        str | None,
-        typer.Option(help="Only partitions this row filter can match, e.g. \"region = 'eu'\"."),
-    ] = None,
+    *,
+    options: dict[str, Any],
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Read the delete files and report; write nothing.")
     ] = False,
@@ -257,7 +207,7 @@ def rewrite_deletes(
     from compactor.api import rewrite_deletes as rewrite
 
     tbl = open_table(catalog, table)
-    result = rewrite(tbl, target_file_size=target_file_size, where=where, dry_run=dry_run)
+    result = rewrite(tbl, dry_run=dry_run, **options)
     if as_json:
         print_json(result.to_dict())
         return

@@ -15,7 +15,7 @@ from rich.console import Console, RenderableType
 from rich.table import Table
 
 from compactor.errors import EXIT_RUNTIME, CompactorError, UsageError
-from compactor.options import check_pyiceberg_config
+from compactor.options.environment import check_pyiceberg_config
 from compactor.redaction import redact
 
 # soft_wrap: lines are never broken at the terminal's width. Piped output has no width limit

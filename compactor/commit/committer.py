@@ -18,9 +18,9 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.manifest import (
@@ -54,18 +54,28 @@ from compactor.iceberg.pyiceberg_compat import (
     snapshot_manifests,
 )
 from compactor.iceberg.value_keys import same_partition
-from compactor.planning.planner import FileGroup, InputFile, Plan, is_unpartitioned
+from compactor.planning.planner import (
+    CommitContext,
+    FileGroup,
+    InputFile,
+    Plan,
+    is_unpartitioned,
+)
 from compactor.planning.tasks import TaskResult
 
 log = logging.getLogger(__name__)
 
 
+# What a commit takes and reports per group: a data rewrite's TaskResult, a delete rewrite's group.
+G = TypeVar("G")
+
+
 @dataclass
-class CommitOutcome:
+class CommitOutcome(Generic[G]):
     """Which groups a commit included, which it refused and why, and the snapshot it made."""
 
     snapshot_id: int | None = None
-    committed: list[TaskResult] = field(default_factory=list)
+    committed: list[G] = field(default_factory=list)
     conflicts: dict[int, str] = field(default_factory=dict)
     removed_delete_files: list[DataFile] = field(default_factory=list)
     attempts: int = 0
@@ -153,7 +163,7 @@ def _moved_out_of_reach(
 def _filter_manifests(
     attempt: SnapshotWriter,
     head: Snapshot,
-    plan: Plan,
+    context: CommitContext,
     inputs: dict[str, InputFile],
     dangling: set[str],
 ) -> tuple[list[ManifestFile], dict[str, ManifestEntry]]:
@@ -174,8 +184,8 @@ def _filter_manifests(
     found: dict[str, ManifestEntry] = {}
     for manifest in snapshot_manifests(io, head, version):
         path = manifest.manifest_path
-        if path in plan.commit.start_manifests:
-            live = plan.commit.manifest_live_entries.get(path)
+        if path in context.start_manifests:
+            live = context.manifest_live_entries.get(path)
             known = by_manifest.get(path, [])
             may_hold_dangling = bool(dangling) and manifest.content == ManifestContent.DELETES
             if live is None or not (known or may_hold_dangling):
@@ -191,15 +201,15 @@ def _filter_manifests(
     return manifests, found
 
 
-def _write_changes(
+def write_changes(
     attempt: SnapshotWriter,
-    added: list[DataFile],
-    removed: list[ManifestEntry],
-    data_sequence_number: int | None,
+    added: Iterable[tuple[DataFile, int | None]],
+    removed: Iterable[ManifestEntry],
 ) -> list[ManifestFile]:
-    """One manifest per (spec, content) with the added files and the removed files' DELETED entries."""
+    """One manifest per (spec, content) with the ``added`` files, each with its data sequence
+    number (None: the snapshot's), and the ``removed`` files' DELETED entries."""
     by_key: dict[tuple[int, ManifestContent], list[ManifestEntry]] = defaultdict(list)
-    for data_file in added:
+    for data_file, data_sequence_number in added:
         entry = ManifestEntry.from_args(
             status=ManifestEntryStatus.ADDED,
             snapshot_id=attempt.snapshot_id,
@@ -207,15 +217,10 @@ def _write_changes(
             file_sequence_number=None,
             data_file=data_file,
         )
-        by_key[(data_file.spec_id, ManifestContent.DATA)].append(entry)
+        by_key[(data_file.spec_id, _manifest_content(data_file))].append(entry)
     for entry in removed:
         data_file = entry.data_file
-        content = (
-            ManifestContent.DATA
-            if data_file.content == DataFileContent.DATA
-            else ManifestContent.DELETES
-        )
-        by_key[(data_file.spec_id, content)].append(
+        by_key[(data_file.spec_id, _manifest_content(data_file))].append(
             ManifestEntry.from_args(
                 status=ManifestEntryStatus.DELETED,
                 snapshot_id=attempt.snapshot_id,
@@ -233,6 +238,12 @@ def _write_changes(
                 writer.add_entry(entry)
         manifests.append(writer.to_manifest_file())
     return manifests
+
+
+def _manifest_content(data_file: DataFile) -> ManifestContent:
+    if data_file.content == DataFileContent.DATA:
+        return ManifestContent.DATA
+    return ManifestContent.DELETES
 
 
 def _summary(
@@ -277,17 +288,20 @@ class CommitJournal(Protocol):
 def commit_replace(
     table: Table,
     plan: Plan,
+    context: CommitContext,
     results: list[TaskResult],
     snapshot_properties: dict[str, str],
     retry: RetryPolicy | None = None,
     sleep: Callable[[float], None] = time.sleep,
     rewritten_before: frozenset[str] = frozenset(),
     journal: CommitJournal | None = None,
-) -> CommitOutcome:
-    """Commit ``results`` as one ``replace`` snapshot on main; refused groups are reported, not raised.
+) -> CommitOutcome[TaskResult]:
+    """Commit ``results`` as one ``replace`` snapshot on the plan's branch; refused groups are
+    reported, not raised.
 
     Each result is matched to its group of ``plan`` by ``task_id``: the plan, which stays in the
-    driver, holds the inputs' manifest entries the commit removes. The caller owns the output
+    driver, holds the inputs' manifest entries the commit removes; ``context`` (planned with it)
+    which manifests the plan read and which delete files its inputs have. The caller owns the output
     files of refused groups (``outcome.conflicts``) and deletes them. ``rewritten_before`` are
     the input files the run's earlier commits replaced: a position delete file whose data files
     were rewritten partly then and partly now is retired now. ``journal`` is told of every
@@ -297,38 +311,101 @@ def commit_replace(
     Raises :class:`CommitStateUnknownError` when the catalog cannot tell whether the commit
     was applied: every file stays, since the table may reference them.
     """
-    retry = retry or RetryPolicy.for_table(table)
-    outcome = CommitOutcome()
-    pending = {r.task_id: r for r in results}
 
-    def prepare() -> Snapshot | None:
-        outcome.attempts += 1
-        head = table.metadata.snapshot_by_name(plan.options.branch)
-        refused = find_conflicts(table, plan, [plan.group(gid) for gid in pending], head)
-        refused.update(missing_outputs(table, {r.task_id: r.data_files for r in pending.values()}))
-        for group_id, reason in refused.items():
-            outcome.conflicts.setdefault(group_id, reason)
-            pending.pop(group_id)
-        return head if pending else None
+    def validate(head: Snapshot | None, pending: Mapping[int, TaskResult]) -> dict[int, str]:
+        return find_conflicts(table, plan, [plan.group(gid) for gid in pending], head)
 
-    def build(attempt: SnapshotWriter, head: Snapshot) -> Snapshot | None:
+    def build(
+        attempt: SnapshotWriter,
+        head: Snapshot,
+        pending: dict[int, TaskResult],
+        outcome: CommitOutcome[TaskResult],
+    ) -> Snapshot | None:
         return _write_snapshot(
-            attempt, plan, head, pending, outcome, snapshot_properties, rewritten_before
+            attempt, plan, context, head, pending, outcome, snapshot_properties, rewritten_before
         )
 
-    outcome.snapshot_id = commit_on_branch(
+    return commit_groups(
         table,
         plan.table,
-        prepare,
+        {r.task_id: r for r in results},
+        validate,
+        lambda r: r.data_files,
         build,
         retry=retry,
         sleep=sleep,
         journal=journal,
         branch=plan.options.branch,
     )
+
+
+def commit_groups(
+    table: Table,
+    identifier: str,
+    groups: Mapping[int, G],
+    validate: Callable[[Snapshot | None, Mapping[int, G]], dict[int, str]],
+    outputs: Callable[[G], Iterable[DataFile]],
+    build: Callable[[SnapshotWriter, Snapshot, dict[int, G], CommitOutcome[G]], Snapshot | None],
+    *,
+    retry: RetryPolicy | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    journal: CommitJournal | None = None,
+    branch: str = MAIN_BRANCH,
+) -> CommitOutcome[G]:
+    """Commit rewritten ``groups`` (by group id) as one snapshot on ``branch``; the groups
+    refused are reported, not raised. Data and delete rewrites both commit through it.
+
+    Each attempt (:func:`commit_on_branch`) first refuses the groups ``validate(head, pending)``
+    finds in conflict with what was committed since the start, and those whose ``outputs`` are
+    not all in storage any more; ``build(attempt, head, pending, outcome)`` then writes the
+    snapshot of the others, or refuses more (out of ``pending``, into ``outcome.conflicts``)
+    and returns None to validate again. ``retry`` defaults to the table's ``commit.retry.*``.
+    """
+    outcome: CommitOutcome[G] = CommitOutcome()
+    pending = dict(groups)
+
+    def prepare() -> Snapshot | None:
+        outcome.attempts += 1
+        head = table.metadata.snapshot_by_name(branch)
+        refused = validate(head, pending)
+        refused.update(missing_outputs(table, {gid: outputs(g) for gid, g in pending.items()}))
+        for group_id, reason in refused.items():
+            outcome.conflicts.setdefault(group_id, reason)
+            pending.pop(group_id, None)
+        return head if pending else None
+
+    outcome.snapshot_id = commit_on_branch(
+        table,
+        identifier,
+        prepare,
+        lambda attempt, head: build(attempt, head, pending, outcome),
+        retry=retry or RetryPolicy.for_table(table),
+        sleep=sleep,
+        journal=journal,
+        branch=branch,
+    )
     if outcome.snapshot_id is not None:
         outcome.committed = list(pending.values())
     return outcome
+
+
+def refuse_vanished(
+    attempt: SnapshotWriter,
+    group_of: Mapping[str, int],
+    found: Mapping[str, ManifestEntry],
+    pending: dict[int, G],
+    outcome: CommitOutcome[G],
+    reason: str,
+) -> bool:
+    """Refuse the groups with a file to remove (``group_of``: path -> group id) that the head
+    no longer lists (not in ``found``); whether there was one: the attempt is then discarded."""
+    missing = {gid for path, gid in group_of.items() if path not in found}
+    for gid in missing:
+        outcome.conflicts[gid] = reason
+        pending.pop(gid)
+    if missing:
+        attempt.discard()
+    return bool(missing)
 
 
 def commit_on_branch(
@@ -423,9 +500,10 @@ def _landed(table: Table, snapshot_id: int) -> bool:
 def _write_snapshot(
     attempt: SnapshotWriter,
     plan: Plan,
+    context: CommitContext,
     head: Snapshot,
     pending: dict[int, TaskResult],
-    outcome: CommitOutcome,
+    outcome: CommitOutcome[TaskResult],
     snapshot_properties: dict[str, str],
     rewritten_before: frozenset[str],
 ) -> Snapshot | None:
@@ -435,17 +513,14 @@ def _write_snapshot(
     inputs = {f.path: f for g in groups.values() for f in g.files}
     dangling = {
         path: delete_file
-        for path, (delete_file, targets) in plan.commit.delete_file_targets.items()
+        for path, (delete_file, targets) in context.delete_file_targets.items()
         if (targets & rewritten.keys() or not targets)
         and targets <= rewritten.keys() | rewritten_before
     }
-    manifests, found = _filter_manifests(attempt, head, plan, inputs, set(dangling))
-    missing = {gid for path, gid in rewritten.items() if path not in found}
-    if missing:
-        for gid in missing:
-            outcome.conflicts[gid] = "an input file is no longer live in the table"
-            pending.pop(gid)
-        attempt.discard()
+    manifests, found = _filter_manifests(attempt, head, context, inputs, set(dangling))
+    if refuse_vanished(
+        attempt, rewritten, found, pending, outcome, "an input file is no longer live in the table"
+    ):
         return None
 
     added = [df for r in pending.values() for df in r.data_files]
@@ -453,7 +528,7 @@ def _write_snapshot(
     outcome.removed_delete_files = [found[p].data_file for p in dangling if p in found]
     metadata = table.metadata
     data_sequence_number = plan.sequence_number if metadata.format_version > 1 else None
-    changes = _write_changes(attempt, added, removed_entries, data_sequence_number)
+    changes = write_changes(attempt, [(d, data_sequence_number) for d in added], removed_entries)
     removed = [e.data_file for e in removed_entries]
     return replace_snapshot(attempt, head, changes + manifests, added, removed, snapshot_properties)
 

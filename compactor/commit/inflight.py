@@ -283,7 +283,19 @@ def commits_in_doubt(table: Table, record: RunRecord) -> list[PendingCommit]:
     return [c for c in commits if c.state(table) == PENDING]
 
 
-def in_doubt_report(table: Table) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class CommitInDoubt:
+    """A commit that may still land, and how many files the run record keeps for it."""
+
+    commit: PendingCommit
+    files_kept: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``--json`` form: ``commits_in_doubt`` of ``inspect``."""
+        return {**self.commit.to_dict(), "files_kept": self.files_kept}
+
+
+def in_doubt_report(table: Table) -> list[CommitInDoubt]:
     """The table's commits in doubt now, with how many files each run record keeps for them.
 
     Read from the run record (live or abandoned) and the catalog: for ``inspect``.
@@ -295,7 +307,7 @@ def in_doubt_report(table: Table) -> list[dict[str, Any]]:
     if not pending:
         return []
     files, _ = recorded_files(table, record)
-    return [{**c.to_dict(), "files_kept": len(files)} for c in pending]
+    return [CommitInDoubt(c, len(files)) for c in pending]
 
 
 def recover_abandoned_files(table: Table, record: RunRecord) -> list[str]:

@@ -11,14 +11,26 @@ for the next run to settle (:mod:`compactor.commit.inflight`).
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from types import TracebackType
 
 from pyiceberg.table import Table
 
+from compactor import __version__
 from compactor.commit.inflight import PendingCommit, RunLease, remove_run_files
+from compactor.commit.snapshot_writer import (
+    SNAPSHOT_PROPERTY_ACTION,
+    SNAPSHOT_PROPERTY_RUN_ID,
+    SNAPSHOT_PROPERTY_TOOL,
+)
 from compactor.errors import CommitStateUnknownError
+
+
+def new_run_id() -> str:
+    """A run id: names the run's files, intent files and snapshots."""
+    return uuid.uuid4().hex[:12]
 
 
 class RunScope:
@@ -42,6 +54,14 @@ class RunScope:
     def lost(self) -> bool:
         """Whether another run took the table over: this run may no longer commit."""
         return self.lease.lost
+
+    def snapshot_properties(self, action: str | None = None) -> dict[str, str]:
+        """The summary properties of the snapshots this run commits: compactor's version, the
+        run id and, for an action other than compaction, the action."""
+        properties = {SNAPSHOT_PROPERTY_TOOL: __version__, SNAPSHOT_PROPERTY_RUN_ID: self.run_id}
+        if action is not None:
+            properties[SNAPSHOT_PROPERTY_ACTION] = action
+        return properties
 
     def start_writing(self) -> None:
         """From now on the run may leave files: the way out deletes those not committed."""

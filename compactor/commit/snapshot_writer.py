@@ -41,6 +41,12 @@ from compactor.iceberg.pyiceberg_compat import (
 )
 from compactor.storage.deleter import delete_files
 
+# Summary properties of every snapshot compactor commits: its version, the run that committed
+# it, and what it did when that was not a compaction.
+SNAPSHOT_PROPERTY_TOOL = "compactor.version"
+SNAPSHOT_PROPERTY_RUN_ID = "compactor.run-id"
+SNAPSHOT_PROPERTY_ACTION = "compactor.action"
+
 
 class SnapshotWriter:
     """The manifests and the manifest list of one snapshot, each file recorded before it is written."""

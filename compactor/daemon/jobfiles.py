@@ -43,27 +43,20 @@ from compactor.daemon.config_files import load_toml, validate
 from compactor.durations import duration_ms, format_duration, parse_duration_ms
 from compactor.errors import ConfigError, UsageError, first_line
 from compactor.iceberg.catalogs import all_namespaces, open_catalog
-from compactor.options import (
+from compactor.options.compact import CompactOptions, resolve_options
+from compactor.options.defaults import (
+    DEFAULT_COOLDOWN,
+    DEFAULT_MIN_DELETE_FILES,
+    DEFAULT_MIN_SMALL_FILES,
     MIN_ORPHAN_AGE_MS,
-    CompactOptions,
-    Filter,
-    Size,
-    checked,
-    resolve_options,
 )
+from compactor.options.fields import Duration, Size
+from compactor.options.maintenance import ExpireOptions, OrphansOptions, RewriteDeletesOptions
 
 ACTIONS = ("compact", "rewrite_deletes", "expire", "orphans")
 Action = Literal["compact", "rewrite_deletes", "expire", "orphans"]
-# Compact a table once this many small files sit in partitions a rewrite would shrink.
-DEFAULT_MIN_SMALL_FILES = 12
-DEFAULT_MIN_DELETE_FILES = 8
-DEFAULT_COOLDOWN = "15m"
-DEFAULT_ORPHAN_AGE = "3d"
 GLOB_CHARS = set("*?[")
 MIN_EVERY_MS = 1000
-
-
-Duration = Annotated[str, checked(parse_duration_ms)]
 
 
 def _check_pattern(pattern: str) -> str:
@@ -134,11 +127,12 @@ class CompactAction(Schedule, CompactOptions):
         return self
 
 
-class RewriteDeletesAction(Schedule):
-    """Compact position-delete files per partition, dropping those that apply to nothing."""
+class RewriteDeletesAction(Schedule, RewriteDeletesOptions):
+    """Compact position-delete files per partition, dropping those that apply to nothing.
 
-    target_file_size: Size | None = None
-    where: Filter | None = None
+    Takes every option of ``compactor rewrite-deletes``
+    (:class:`~compactor.options.RewriteDeletesOptions`).
+    """
 
 
 class _Destructive(Schedule):
@@ -147,18 +141,16 @@ class _Destructive(Schedule):
     on_table_globs: bool = False
 
 
-class ExpireAction(_Destructive):
-    """Expire snapshots; ``older_than``/``retain_last`` default to the table's properties."""
+class ExpireAction(_Destructive, ExpireOptions):
+    """Expire snapshots; takes every option of ``compactor expire``
+    (:class:`~compactor.options.ExpireOptions`): ``older_than``/``retain_last`` default to the
+    table's properties."""
 
-    older_than: Duration | None = None
-    retain_last: int | None = Field(None, ge=1)
 
-
-class OrphansAction(_Destructive):
-    """Remove files no metadata references, older than ``older_than`` (at least 1d unless allowed)."""
-
-    allow_short_older_than: bool = False  # before older_than: its validator reads this
-    older_than: Duration = DEFAULT_ORPHAN_AGE
+class OrphansAction(_Destructive, OrphansOptions):
+    """Remove files no metadata references; takes every option of ``compactor orphans``
+    (:class:`~compactor.options.OrphansOptions`): older than ``older_than``, at least 1d unless
+    allowed."""
 
     @field_validator("older_than")
     @classmethod

@@ -61,7 +61,7 @@ from compactor.errors import (
 )
 from compactor.execute.progress_log import ProgressLog, progress_interval
 from compactor.iceberg.catalogs import open_catalog
-from compactor.options import RewriteOptions, resolve_options
+from compactor.options.compact import RewriteOptions, resolve_options
 from compactor.sizes import count
 
 log = logging.getLogger("compactor.daemon.service")
@@ -349,7 +349,7 @@ class Daemon:
         section: CompactAction,
     ) -> tuple[list[str], int]:
         """Score ``table``, record the scan and its gauges; the thresholds crossed and the score."""
-        fragmentation = self.scanner.scan(table, identifier, options.target_file_size, section)
+        fragmentation = self.scanner.scan(table, identifier, options.plan.target_file_size, section)
         reasons = due_reasons(fragmentation, section)
         self.history.record_scan(
             identifier,
@@ -461,20 +461,10 @@ class Daemon:
         A table with gc.enabled=false raises GcDisabledError: the run is skipped, deleting nothing.
         """
         if isinstance(section, ExpireAction):
-            expired = api.expire_snapshots(
-                table,
-                older_than=section.older_than,
-                retain_last=section.retain_last,
-                catalog=catalog,
-            )
+            expired = api.expire_snapshots(table, section, catalog=catalog)
             report, changed = expired.report, bool(expired.plan.expire)
         else:
-            swept = api.remove_orphans(
-                table,
-                older_than=section.older_than,
-                allow_short_older_than=section.allow_short_older_than,
-                catalog=catalog,
-            )
+            swept = api.remove_orphans(table, section, catalog=catalog)
             report, changed = swept.report, False
         row.input_files, row.input_bytes = report.files, report.bytes
         self.metrics.deleted_files.labels(request.action).inc(report.files)
@@ -490,9 +480,7 @@ class Daemon:
         self, table: Table, request: Request, section: RewriteDeletesAction, row: RunRow
     ) -> str:
         """Compact the table's position-delete files; the outcome."""
-        result = api.rewrite_deletes(
-            table, target_file_size=section.target_file_size, where=section.where
-        )
+        result = api.rewrite_deletes(table, section)
         if result.backed_off:  # another run holds the table: nothing was done
             row.error = result.backed_off
             return SKIPPED

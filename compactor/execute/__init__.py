@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from compactor.errors import UsageError
 from compactor.execute.executors import Executor, ThreadExecutor
-from compactor.options import RewriteOptions, default_parallelism
+from compactor.options.compact import ExecutionOptions
+from compactor.options.environment import default_parallelism
 
 
-def make_executor(options: RewriteOptions) -> Executor:
+def make_executor(options: ExecutionOptions) -> Executor:
     """The executor ``options.executor`` names: ``threads`` or ``ray`` (needs ``compactor[ray]``)."""
     if options.executor == "ray":
         try:

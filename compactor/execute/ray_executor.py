@@ -45,11 +45,10 @@ from compactor.errors import CompactorError, UsageError, first_line
 from compactor.execute.executors import Outcome
 from compactor.planning.tasks import RewriteTask, TaskResult
 from compactor.rewrite.task_runner import CancelToken, EventToken, TaskCancelled, run_task
+from compactor.sizes import GiB, MiB
 
 log = logging.getLogger(__name__)
 
-MiB = 1024**2
-GiB = 1024**3
 # Memory one task asks Ray for: see task_memory.
 MEMORY_BASE = 256 * MiB  # a Ray worker with compactor imported: 159 MB RSS measured
 DECODE_FACTOR = 4  # Arrow bytes per Parquet byte of input read ahead, decompressed and decoded

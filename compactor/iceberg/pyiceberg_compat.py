@@ -893,8 +893,9 @@ def install() -> None:
 
     Nothing is patched on import: the library's actions (:mod:`compactor.api`, which the CLI
     and the daemon call) and :func:`~compactor.rewrite.task_runner.run_task` (which executors
-    run in processes of their own) call this first. ``tests/test_pyiceberg_patches.py`` fails
-    when a pyiceberg release no longer needs a fix: remove it here then.
+    run in processes of their own) call this first.
+    ``tests/integration/test_pyiceberg_patches.py`` fails when a pyiceberg release no longer
+    needs a fix: remove it here then.
     """
     global _installed
     with _install_lock:

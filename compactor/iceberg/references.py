@@ -11,9 +11,8 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
 from compactor.iceberg.pyiceberg_compat import manifest_entries
+from compactor.options.defaults import MANIFEST_READERS
 from compactor.storage.paths import UnsafePathError, location_key
-
-MANIFEST_READERS = 8
 
 MANIFEST_LIST = "manifest_lists"
 MANIFEST = "manifests"

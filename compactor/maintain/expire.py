@@ -59,7 +59,7 @@ from pyiceberg.table.update import (
 from pyiceberg.utils.properties import property_as_int
 
 from compactor.commit.retry import RetryPolicy
-from compactor.durations import DAY_MS, parse_cutoff
+from compactor.durations import parse_cutoff
 from compactor.errors import CommitConflictError, ConfigError, UsageError
 from compactor.iceberg.pyiceberg_compat import snapshot_manifests
 from compactor.iceberg.references import FileRef, References, table_references
@@ -70,6 +70,7 @@ from compactor.maintain.guards import (
     gc_enabled,
     other_tables_fences,
 )
+from compactor.options.defaults import DEFAULT_MAX_SNAPSHOT_AGE_MS, DEFAULT_MIN_SNAPSHOTS_TO_KEEP
 from compactor.storage.deleter import delete_files
 from compactor.storage.listing import list_files
 from compactor.storage.paths import UnsafePathError, is_within, location_key
@@ -77,8 +78,6 @@ from compactor.storage.paths import UnsafePathError, is_within, location_key
 MAX_SNAPSHOT_AGE_PROPERTY = "history.expire.max-snapshot-age-ms"
 MIN_SNAPSHOTS_PROPERTY = "history.expire.min-snapshots-to-keep"
 MAX_REF_AGE_PROPERTY = "history.expire.max-ref-age-ms"
-DEFAULT_MAX_SNAPSHOT_AGE_MS = 5 * DAY_MS
-DEFAULT_MIN_SNAPSHOTS_TO_KEEP = 1
 METADATA_KIND = "metadata_files"
 STAT_THREADS = 8
 

@@ -25,7 +25,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 
 from compactor.commit.inflight import RECORD_SLOTS, read_record, recorded_files
-from compactor.durations import DAY_MS, format_duration, format_time, parse_cutoff
+from compactor.durations import format_duration, format_time, parse_cutoff
 from compactor.errors import UsageError
 from compactor.iceberg.references import FileRef, table_references
 from compactor.maintain.expire import MAX_LISTED_PATHS, DeletionReport, delete_unreachable
@@ -35,12 +35,11 @@ from compactor.maintain.guards import (
     other_tables_fences,
     tables_in_listing,
 )
-from compactor.options import MIN_ORPHAN_AGE_MS
+from compactor.options.defaults import DEFAULT_ORPHAN_AGE, MIN_ORPHAN_AGE_MS
 from compactor.storage.deleter import OpenUpload, abort_uploads, list_open_uploads
 from compactor.storage.listing import StoredFile, list_files
 from compactor.storage.paths import UnsafePathError, is_within, location_key
 
-DEFAULT_ORPHAN_AGE_MS = 3 * DAY_MS
 ORPHAN_DATA = "data_files"
 ORPHAN_METADATA = "metadata_files"
 
@@ -207,13 +206,11 @@ FLOOR_REASON = (
 
 
 def orphan_cutoff(older_than: str | None, now_ms: int, *, allow_short: bool = False) -> int:
-    """The cut-off for ``--older-than`` (default: 3 days ago).
+    """The cut-off for ``--older-than`` (default: ``DEFAULT_ORPHAN_AGE`` ago).
 
     Less than ``MIN_ORPHAN_AGE_MS`` ago is a usage error unless ``allow_short``.
     """
-    if older_than is None:
-        return now_ms - DEFAULT_ORPHAN_AGE_MS
-    cutoff = parse_cutoff(older_than, "--older-than", now_ms)
+    cutoff = parse_cutoff(older_than or DEFAULT_ORPHAN_AGE, "--older-than", now_ms)
     if cutoff > now_ms - MIN_ORPHAN_AGE_MS and not allow_short:
         raise UsageError(
             f"--older-than {older_than} is below {FLOOR_REASON}; add --allow-short-older-than "

@@ -10,7 +10,7 @@ from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestFi
 from pyiceberg.table import Table
 
 from compactor.iceberg.pyiceberg_compat import manifest_entries
-from compactor.options import DEFAULT_MIN_INPUT_FILES, MIN_FILE_SIZE_RATIO
+from compactor.options.defaults import DEFAULT_MIN_INPUT_FILES, MIN_FILE_SIZE_RATIO
 from compactor.planning.planner import is_unpartitioned
 
 DELETE_KINDS = ("position", "equality", "deletion_vector")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -48,10 +48,9 @@ from compactor.iceberg.pyiceberg_compat import (
     snapshot_manifests,
 )
 from compactor.iceberg.value_keys import PartitionKey, partition_key
-from compactor.options import RewriteOptions
+from compactor.options.compact import PlanOptions
+from compactor.options.defaults import MANIFEST_READERS
 from compactor.planning.sort_order import Clustering, resolve_clustering
-
-MANIFEST_READERS = 8
 
 
 @dataclass(frozen=True)
@@ -162,18 +161,18 @@ class CommitContext:
 class Plan:
     """What a run will rewrite, made from one snapshot of the table (``metadata``).
 
-    Its groups become the run's tasks; ``commit`` is the committer's part of it.
+    Its groups become the run's tasks; what only the committer needs of the same reading is
+    the :class:`CommitContext` planned beside it.
     """
 
     table: str
     snapshot_id: int | None
     sequence_number: int
     format_version: int
-    options: RewriteOptions
+    options: PlanOptions
     metadata: TableMetadata
     metadata_location: str
     groups: list[FileGroup] = field(default_factory=list)
-    commit: CommitContext = field(default_factory=CommitContext)
     # Data sequence number of every equality delete an input has, by path (tasks carry them).
     equality_delete_sequence_numbers: dict[str, int] = field(default_factory=dict)
     data_files_scanned: int = 0
@@ -240,30 +239,37 @@ class _ManifestScan:
     delete_files: list[DataFile] = field(default_factory=list)
 
 
-def _read_manifests(table: Table, manifests: Iterable[ManifestFile]) -> _ManifestScan:
+def read_manifests(
+    table: Table, manifests: Iterable[ManifestFile]
+) -> Iterator[tuple[ManifestFile, list[ManifestEntry]]]:
+    """Each of ``manifests`` with its live entries, in order, read MANIFEST_READERS at a time."""
     io, version = table.io, table.metadata.format_version
 
     def read(manifest: ManifestFile) -> tuple[ManifestFile, list[ManifestEntry]]:
         return manifest, manifest_entries(io, manifest, version)
 
-    scan = _ManifestScan()
     with ThreadPoolExecutor(MANIFEST_READERS) as pool:
-        for manifest, entries in pool.map(read, manifests):
-            scan.live_entries[manifest.manifest_path] = len(entries)
-            for entry in entries:
-                content = entry.data_file.content
-                if content == DataFileContent.DATA:
-                    scan.data.append((entry, manifest.manifest_path))
-                    continue
-                scan.delete_files.append(entry.data_file)
-                if is_deletion_vector(entry.data_file):
-                    seq = entry.sequence_number or INITIAL_SEQUENCE_NUMBER
-                    target = referenced_data_file(entry.data_file) or ""
-                    scan.deletion_vectors[target].append((seq, entry.data_file))
-                elif content == DataFileContent.POSITION_DELETES:
-                    scan.position_deletes.add_delete_file(entry)
-                else:
-                    scan.equality_deletes.append(entry)
+        yield from pool.map(read, manifests)
+
+
+def _read_manifests(table: Table, manifests: Iterable[ManifestFile]) -> _ManifestScan:
+    scan = _ManifestScan()
+    for manifest, entries in read_manifests(table, manifests):
+        scan.live_entries[manifest.manifest_path] = len(entries)
+        for entry in entries:
+            content = entry.data_file.content
+            if content == DataFileContent.DATA:
+                scan.data.append((entry, manifest.manifest_path))
+                continue
+            scan.delete_files.append(entry.data_file)
+            if is_deletion_vector(entry.data_file):
+                seq = entry.sequence_number or INITIAL_SEQUENCE_NUMBER
+                target = referenced_data_file(entry.data_file) or ""
+                scan.deletion_vectors[target].append((seq, entry.data_file))
+            elif content == DataFileContent.POSITION_DELETES:
+                scan.position_deletes.add_delete_file(entry)
+            else:
+                scan.equality_deletes.append(entry)
     return scan
 
 
@@ -274,6 +280,11 @@ def is_unpartitioned(spec: PartitionSpec) -> bool:
     fields were dropped keeps them as ``void``; its equality deletes apply globally.
     """
     return all(isinstance(f.transform, VoidTransform) for f in spec.fields)
+
+
+def partition_path(spec: PartitionSpec, schema: Schema, partition: Record) -> str:
+    """``partition`` of ``spec`` as a path (``region=eu``); empty when ``spec`` is unpartitioned."""
+    return "" if is_unpartitioned(spec) else spec.partition_to_path(partition, schema)
 
 
 class EqualityDeleteIndex:
@@ -333,7 +344,7 @@ def file_scoped_deleted_rows(data_file: DataFile, deletes: Iterable[DataFile]) -
 
 
 def too_many_deletes(
-    data_file: DataFile, deletes: Sequence[DataFile], options: RewriteOptions
+    data_file: DataFile, deletes: Sequence[DataFile], options: PlanOptions
 ) -> bool:
     """Whether a file's deletes make it a candidate whatever its size (Spark's thresholds)."""
     threshold = options.delete_file_threshold
@@ -381,9 +392,7 @@ def branch_head(table: Table, identifier: str, branch: str) -> Snapshot | None:
     return table.metadata.snapshot_by_id(ref.snapshot_id)
 
 
-def _output_spec_id(
-    metadata: TableMetadata, identifier: str, options: RewriteOptions
-) -> int | None:
+def _output_spec_id(metadata: TableMetadata, identifier: str, options: PlanOptions) -> int | None:
     """The partition spec files of other specs are rewritten into, if any (checked)."""
     wanted = options.output_spec_id
     if wanted is not None and wanted not in metadata.specs():
@@ -402,10 +411,11 @@ def _output_spec_id(
 def plan_rewrite(
     table: Table,
     identifier: str,
-    options: RewriteOptions,
+    options: PlanOptions,
     grown_before: Collection[frozenset[str]] = (),
-) -> Plan:
-    """Plan the rewrite of the head of ``table``'s branch (``options.branch``, main by default).
+) -> tuple[Plan, CommitContext]:
+    """Plan the rewrite of the head of ``table``'s branch (``options.branch``, main by default),
+    and the committer's context of that plan, which the driver keeps.
 
     A group whose :attr:`FileGroup.inputs` are in ``grown_before`` (groups whose rewrite grew
     in an earlier run) is left out: rewriting the same files the same way would grow again.
@@ -425,16 +435,17 @@ def plan_rewrite(
             metadata, identifier, options.strategy, options.sort_order, options.zorder
         ),
     )
+    context = CommitContext()
     output_spec = _output_spec_id(metadata, identifier, options)
     if snapshot is None:
-        return plan
+        return plan, context
 
     pruner = FilePruner(metadata, row_filter)
     all_manifests = snapshot_manifests(table.io, snapshot, metadata.format_version)
-    plan.commit.start_manifests = frozenset(m.manifest_path for m in all_manifests)
+    context.start_manifests = frozenset(m.manifest_path for m in all_manifests)
     manifests = [m for m in all_manifests if pruner.manifest_may_match(m)]
     scan = _read_manifests(table, manifests)
-    plan.commit.manifest_live_entries = scan.live_entries
+    context.manifest_live_entries = scan.live_entries
     equality_deletes = EqualityDeleteIndex(metadata.specs(), scan.equality_deletes)
     # A global equality delete applies across partitions: which data files it reaches is known
     # only when no filter pruned any of them (then it can be retired once they are all rewritten).
@@ -510,7 +521,7 @@ def plan_rewrite(
         if key is None:
             path = f"(other specs into spec {spec_id})"
         else:
-            path = "" if is_unpartitioned(spec) else spec.partition_to_path(partition, schema)
+            path = partition_path(spec, schema, partition)
         for members in _pack(files, options.max_group_size):
             group = FileGroup(
                 0,
@@ -549,26 +560,26 @@ def plan_rewrite(
             if delete_key not in delete_targets:
                 delete_targets[delete_key] = set()
                 delete_by_key[delete_key] = delete_file
-    plan.commit.delete_file_targets = {
+    context.delete_file_targets = {
         key: (delete_by_key[key], frozenset(targets))
         for key, targets in delete_targets.items()
         if (targets & planned or not targets) and key not in incomplete
     }
-    return plan
+    return plan, context
 
 
-def _split_for_idle_workers(groups: list[FileGroup], options: RewriteOptions) -> list[FileGroup]:
+def _split_for_idle_workers(groups: list[FileGroup], options: PlanOptions) -> list[FileGroup]:
     """Cut large groups in two while workers would otherwise idle.
 
     A group is one output stream on one core: a table that compacts into one group (an
     unpartitioned table, say) would leave every other core idle. While there are fewer groups
-    than ``options.parallelism``, the largest group with at least two target files' worth of
+    than ``options.min_groups``, the largest group with at least two target files' worth of
     input is cut, in write order, after the whole number of target files nearest half its
     input, so that both halves still write target-size files (each half ends with a partial
     file, as every group does: a cut adds at most one). Halves that would not be worth
     rewriting on their own stay together.
     """
-    workers, target = options.parallelism or 1, options.target_file_size
+    workers, target = options.min_groups, options.target_file_size
     result, whole_groups = list(groups), list[FileGroup]()
     while len(result) + len(whole_groups) < workers:
         splittable = [g for g in result if g.input_bytes >= 2 * target and len(g.files) >= 2]
@@ -616,7 +627,7 @@ def _within_max_files(groups: list[FileGroup], limit: int, plan: Plan) -> list[F
     return taken
 
 
-def _skip_reason(group: FileGroup, options: RewriteOptions) -> str | None:
+def _skip_reason(group: FileGroup, options: PlanOptions) -> str | None:
     """Why a group would not help (None when it should be rewritten)."""
     if options.rewrite_all or group.repartition:
         return None

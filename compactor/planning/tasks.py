@@ -28,6 +28,7 @@ from compactor.iceberg.codec import (
     partition_types,
 )
 from compactor.iceberg.pyiceberg_compat import delete_file_key, with_s3_retries
+from compactor.options.compact import ExecutionOptions
 from compactor.planning.planner import Plan, TaskInput
 from compactor.planning.sort_order import Clustering
 
@@ -209,8 +210,11 @@ class TaskResult:
         )
 
 
-def plan_tasks(plan: Plan, run_id: str, io_properties: Mapping[str, str]) -> list[RewriteTask]:
-    """One task per group of ``plan``, for run ``run_id``, in the plan's order."""
+def plan_tasks(
+    plan: Plan, run_id: str, io_properties: Mapping[str, str], execution: ExecutionOptions
+) -> list[RewriteTask]:
+    """One task per group of ``plan``, for run ``run_id``, in the plan's order, with the
+    buffers of ``execution``."""
     metadata = plan.metadata
     schema, specs = metadata.schema(), metadata.specs()
     tasks = []
@@ -235,8 +239,8 @@ def plan_tasks(plan: Plan, run_id: str, io_properties: Mapping[str, str]) -> lis
                 partition=group.partition,
                 partition_types={i: partition_types(specs[i], schema) for i in sorted(spec_ids)},
                 target_file_size=group.target_file_size,
-                row_group_size=plan.options.row_group_size,
-                read_ahead=plan.options.read_ahead,
+                row_group_size=execution.row_group_size,
+                read_ahead=execution.read_ahead,
                 file_prefix=f"compactor-{run_id}-g{group.group_id:04d}",
                 inputs=inputs,
                 equality_delete_sequence_numbers={
@@ -245,7 +249,7 @@ def plan_tasks(plan: Plan, run_id: str, io_properties: Mapping[str, str]) -> lis
                     for d in f.delete_files
                     if d.content == DataFileContent.EQUALITY_DELETES
                 },
-                bulk_read=plan.options.bulk_read,
+                bulk_read=execution.bulk_read,
                 clustering=plan.clustering,
                 repartition=group.repartition,
             )

@@ -91,7 +91,7 @@ class BulkRead:
     Candidates are taken CHUNK_FILES at a time: their footers are read (in threads) and
     checked, then consecutive files that pass are scanned together, holding about
     ``read_ahead`` bytes of decoded rows (files and batches read ahead are sized from the
-    footers; measured, not merely configured: see tests/test_memory_limit.py). Not
+    footers; measured, not merely configured: see tests/system/test_memory_limit.py). Not
     ``enabled``, or on a FileIO other than pyiceberg's pyarrow one, every input is read each.
     """
 

@@ -67,6 +67,27 @@ class OutputSpec:
     sort_order_id: int | None = None  # the table sort order the rows are written in
 
 
+def output_file_name(prefix: str, counter: int, suffix: str = "") -> str:
+    """The name of a run's ``counter``-th output file of a group (``prefix`` names both)."""
+    return f"{prefix}-{counter:05d}-{uuid.uuid4().hex[:8]}{suffix}.parquet"
+
+
+def output_location(
+    metadata: TableMetadata,
+    locations: LocationProvider,
+    spec_id: int,
+    partition: Record,
+    name: str,
+) -> str:
+    """Where the file ``name`` of ``partition`` goes: under the partition's path, unless the
+    spec is unpartitioned (all-void specs too, as Java's location provider)."""
+    spec = metadata.specs()[spec_id]
+    key = None
+    if not is_unpartitioned(spec):
+        key = PartitionPath(spec, metadata.schema(), partition)
+    return locations.new_data_location(name, key)  # type: ignore[arg-type]
+
+
 @dataclass
 class _OpenFile:
     path: str
@@ -194,13 +215,10 @@ class RollingParquetWriter:
             self._close_file()
 
     def _open_file(self) -> None:
-        name = f"{self.out.file_prefix}-{self._counter:05d}-{uuid.uuid4().hex[:8]}.parquet"
+        name = output_file_name(self.out.file_prefix, self._counter)
         self._counter += 1
-        spec = self.out.metadata.specs()[self.out.spec_id]
-        key = None
-        if not is_unpartitioned(spec):  # all-void specs too, as Java's location provider
-            key = PartitionPath(spec, self.out.metadata.schema(), self.out.partition)
-        path = self.out.locations.new_data_location(name, key)  # type: ignore[arg-type]
+        out = self.out
+        path = output_location(out.metadata, out.locations, out.spec_id, out.partition, name)
         self.created.append(path)
         if self.on_create:
             self.on_create(path)

@@ -24,7 +24,7 @@ from compactor.iceberg.pyiceberg_compat import (
     read_data_file,
     read_position_deletes,
 )
-from compactor.options import STREAM_FILE_THRESHOLD
+from compactor.options.defaults import STREAM_FILE_THRESHOLD
 from compactor.planning.sort_order import Clustering
 from compactor.rewrite.bulk_read import BulkDone, BulkRead
 from compactor.rewrite.equality_deletes import EqualityDeleteApplier

@@ -23,7 +23,7 @@ from pyiceberg.table.metadata import TableMetadata
 
 from compactor.errors import CompactorError, first_line
 from compactor.iceberg import pyiceberg_compat
-from compactor.planning.planner import is_unpartitioned
+from compactor.planning.planner import partition_path
 from compactor.planning.tasks import RewriteTask, TaskResult
 from compactor.rewrite.intent import IntentLog
 from compactor.rewrite.parquet_output import OutputSpec
@@ -71,9 +71,7 @@ def load_table_state(
 def _label(task: RewriteTask, metadata: TableMetadata) -> str:
     if task.repartition:
         return f"group {task.task_id} (other specs into spec {task.spec_id})"
-    spec = metadata.specs()[task.spec_id]
-    unpartitioned = is_unpartitioned(spec)
-    path = "" if unpartitioned else spec.partition_to_path(task.partition, metadata.schema())
+    path = partition_path(metadata.specs()[task.spec_id], metadata.schema(), task.partition)
     return f"group {task.task_id} ({path or 'unpartitioned'})"
 
 
