@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import sys
 import tempfile
@@ -13,6 +14,7 @@ from typing import Annotated, Any
 import typer
 
 from compactor.cli.output import err, guarded, print_json
+from compactor.errors import UsageError
 
 bench_app = typer.Typer(
     help="Benchmarks: TPC-DS queries before and after compaction; rewrite throughput.",
@@ -45,6 +47,19 @@ OutOpt = Annotated[
     Path, typer.Option(help="Directory for report.json, report.md (and chart.png for queries).")
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Also print report.json on stdout.")]
+# What the bench extra brings beyond compactor's own dependencies (checked before a benchmark
+# starts, not when its report is drawn at the end).
+BENCH_EXTRA_MODULES = ("duckdb_extension_tpcds", "duckdb_extension_httpfs", "matplotlib", "moto")
+
+
+def _require_bench_extra() -> None:
+    """Fail with one line naming the extra when a module of it is missing."""
+    missing = [m for m in BENCH_EXTRA_MODULES if importlib.util.find_spec(m) is None]
+    if missing:
+        raise UsageError(
+            f"compactor bench needs the bench extra: pip install 'compactor[bench]' "
+            f"(missing: {', '.join(missing)})"
+        )
 
 
 @contextmanager
@@ -166,6 +181,7 @@ def queries(
 
     Example: compactor bench queries --scale-factor 1 --file-size 1MB --out bench-report
     """
+    _require_bench_extra()
     from compactor.bench.clustering import strategy_options
     from compactor.bench.progress import LogSteps, RichSteps
     from compactor.bench.query_benchmark import QueriesParameters, run_queries_benchmark
@@ -343,6 +359,7 @@ def rewrite(
     A CDC table, 10% of its rows deleted by equality deletes:
     compactor bench rewrite --input-size 1GB --equality-deletes 0.1 --out bench-cdc
     """
+    _require_bench_extra()
     from compactor.bench.rewrite import rewrite_parameters, run_rewrite_benchmark
 
     parameters = rewrite_parameters(
@@ -399,6 +416,7 @@ def plan(
 
     Example: compactor bench plan --files 100000 --commits 1000 --out bench-plan
     """
+    _require_bench_extra()
     from compactor.bench.planning import plan_parameters, run_plan_benchmark
 
     parameters = plan_parameters(
