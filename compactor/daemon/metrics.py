@@ -97,6 +97,14 @@ class DaemonMetrics:
             ["table"],
             registry=r,
         )
+        self.commits_in_doubt = Gauge(
+            "compactor_table_commits_in_doubt",
+            "Commits whose outcome the catalog did not tell, per table, at the last compaction "
+            "or delete rewrite: their files are kept until each has landed or can no longer "
+            "land.",
+            ["table"],
+            registry=r,
+        )
         self.queue_length = Gauge("compactor_queue_length", "Runs waiting to start.", registry=r)
         self.running = Gauge("compactor_running_runs", "Runs in progress.", registry=r)
         self.scan_errors = Counter(

@@ -55,6 +55,7 @@ from compactor.daemon.scheduling import (
 from compactor.durations import parse_duration_ms
 from compactor.errors import (
     CommitConflictError,
+    CommitStateUnknownError,
     GcDisabledError,
     UnsupportedTableError,
     first_line,
@@ -65,6 +66,7 @@ from compactor.options.compact import RewriteOptions, resolve_options
 from compactor.sizes import count
 
 log = logging.getLogger("compactor.daemon.service")
+WRITING_ACTIONS = ("compact", "rewrite_deletes")
 
 
 @dataclass(frozen=True)
@@ -404,6 +406,7 @@ class Daemon:
             },
         )
         started = time.monotonic()
+        unknown = 0  # this run's own commit, when the catalog gave no answer
         try:
             row.outcome = self._perform(request, row)
         except (GcDisabledError, UnsupportedTableError) as exc:
@@ -416,9 +419,13 @@ class Daemon:
             self.metrics.commit_conflicts.inc()
         except Exception as exc:
             row.outcome, row.error = FAILED, first_line(exc)
+            unknown = int(isinstance(exc, CommitStateUnknownError))
             log.debug("run failed", exc_info=True)
         duration = time.monotonic() - started
         row.ended_at = self.clock()
+        if request.action in WRITING_ACTIONS:  # the actions that commit, and so report doubts
+            doubts = len(row.commits_in_doubt) + unknown
+            self.metrics.commits_in_doubt.labels(request.table).set(doubts)
         self.history.finish_run(row)
         self.metrics.runs.labels(request.action, row.outcome).inc()
         self.metrics.duration.labels(request.action).observe(duration)

@@ -532,9 +532,11 @@ def test_a_commit_in_doubt_is_kept_by_the_daemon_and_shown_by_status(
     daemon = setup.start()
     try:
         finished = daemon.run_finished("db.doubt", action="rewrite_deletes")
+        metrics = daemon.metrics()
     finally:
         assert daemon.terminate() == 0, "".join(daemon.lines)
     assert finished["outcome"] == "noop", finished
+    assert metrics[("compactor_table_commits_in_doubt", (("table", "db.doubt"),))] == 1
     assert [c["snapshot_id"] for c in finished["commits_in_doubt"]] == [pending.snapshot_id]
     (run,) = [r for r in setup.status()["runs"] if r["table_name"] == "db.doubt"][:1]
     assert run["commits_in_doubt"] == finished["commits_in_doubt"]
