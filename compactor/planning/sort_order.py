@@ -192,6 +192,13 @@ def _table_order(metadata: TableMetadata, table: str) -> tuple[SortOrder, list[S
                 field.null_order == NullOrder.NULLS_FIRST,
             )
         )
+    if not fields:  # every field void: a dropped column's leftover orders nothing
+        raise UsageError(
+            f"table {table}: its sort order orders by nothing (every field is void): give one "
+            f'with sort_order (example: "{SORT_ORDER_EXAMPLE}")',
+            "sort_order",
+            "strategy",
+        )
     return order, fields
 
 

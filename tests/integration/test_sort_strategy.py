@@ -28,6 +28,7 @@ from pyiceberg.transforms import (
     DayTransform,
     IdentityTransform,
     TruncateTransform,
+    VoidTransform,
 )
 from pyiceberg.types import (
     DoubleType,
@@ -296,6 +297,13 @@ def test_a_bucket_sort_order_is_refused_with_one_line(catalog: Catalog) -> None:
     order = SortOrder(SortField(source_id=1, transform=BucketTransform(8)))
     table = _table(catalog, sort_order=order)
     with pytest.raises(UsageError, match=r"sort order field bucket\[8\]\(id\) cannot be sorted"):
+        compactor.compact(table, **SMALL, strategy="sort")
+
+
+def test_a_sort_order_of_void_fields_only_is_refused_with_one_line(catalog: Catalog) -> None:
+    order = SortOrder(SortField(source_id=1, transform=VoidTransform()))
+    table = _table(catalog, sort_order=order)
+    with pytest.raises(UsageError, match=r"orders by nothing \(every field is void\)"):
         compactor.compact(table, **SMALL, strategy="sort")
 
 
