@@ -26,7 +26,15 @@ from pyiceberg.transforms import (
     VoidTransform,
     YearTransform,
 )
-from pyiceberg.types import IntegerType, LongType, NestedField, PrimitiveType, StringType
+from pyiceberg.types import (
+    BinaryType,
+    DecimalType,
+    IntegerType,
+    LongType,
+    NestedField,
+    PrimitiveType,
+    StringType,
+)
 
 from compactor.errors import UsageError
 
@@ -168,7 +176,7 @@ def _table_order(metadata: TableMetadata, table: str) -> tuple[SortOrder, list[S
         name = schema.find_column_name(field.source_id)
         column = _column(schema, table, name or str(field.source_id), "sort order")
         transform = _transform_name(field.transform)
-        truncatable = (IntegerType, LongType, StringType)
+        truncatable = (IntegerType, LongType, StringType, BinaryType, DecimalType)
         if (
             transform
             and transform.startswith("truncate")
@@ -179,7 +187,7 @@ def _table_order(metadata: TableMetadata, table: str) -> tuple[SortOrder, list[S
             raise UsageError(
                 f"table {table}: sort order field {field.transform}({column.name}) cannot be "
                 f"sorted by (compactor sorts by identity, year, month, day, hour, and truncate of "
-                f"int, long and string columns); "
+                f"int, long, decimal, string and binary columns); "
                 f"give sort_order",
                 "sort_order",
             )

@@ -10,6 +10,7 @@ import math
 from collections import defaultdict
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,8 @@ from pyiceberg.transforms import (
     VoidTransform,
 )
 from pyiceberg.types import (
+    BinaryType,
+    DecimalType,
     DoubleType,
     LongType,
     NestedField,
@@ -207,6 +210,58 @@ def test_sort_by_the_tables_order_with_transforms_records_its_order_id(catalog: 
 
 def _desc(text: str | None) -> tuple:
     return tuple(-ord(c) for c in text or "") + (1,)
+
+
+def test_sort_by_truncate_of_binary_and_decimal_columns_as_java_truncates(
+    catalog: Catalog,
+) -> None:
+    """truncate[W] of a binary keeps its first W bytes; of a decimal, the unscaled value floored
+    to a multiple of W (-0.05 truncates to -1.00 with W = 100 at scale 2), as Iceberg Java."""
+    schema = Schema(
+        NestedField(1, "id", LongType(), required=True),
+        NestedField(2, "payload", BinaryType(), required=False),
+        NestedField(3, "amount", DecimalType(10, 2), required=False),
+    )
+    order = SortOrder(
+        SortField(source_id=2, transform=TruncateTransform(2)),
+        SortField(source_id=3, transform=TruncateTransform(100), direction=SortDirection.DESC),
+        SortField(source_id=1, transform=IdentityTransform()),
+    )
+    table = catalog.create_table("db.truncated", schema, sort_order=order)
+    rng = np.random.default_rng(11)
+    for commit in range(COMMITS):
+        ids = range(commit * 200, (commit + 1) * 200)
+        payloads = [
+            None if i % 17 == 0 else bytes(rng.integers(0, 256, int(rng.integers(0, 5))).tolist())
+            for i in ids
+        ]
+        amounts = [
+            None if i % 13 == 0 else Decimal(int(rng.integers(-5000, 5000))) / 100 for i in ids
+        ]
+        table.append(
+            pa.table(
+                {"id": list(ids), "payload": payloads, "amount": amounts},
+                schema=table.schema().as_arrow(),
+            )
+        )
+    _, table, _ = compact_and_verify(catalog, "db.truncated", **SMALL, strategy="sort")
+
+    def key(row: dict) -> tuple:
+        prefix, amount = row["payload"], row["amount"]
+        floor = None if amount is None else (int(amount * 100) // 100) * 100
+        # payload prefix ASC NULLS FIRST; amount floor DESC NULLS LAST (Iceberg's default).
+        return (
+            prefix is not None,
+            (prefix or b"")[:2],
+            floor is None,
+            -(floor or 0),
+            row["id"],
+        )
+
+    for f in live_data_files(table).values():
+        rows = read_data_file(table, f).to_pylist()
+        assert rows == sorted(rows, key=key)
+        assert f.sort_order_id == table.metadata.default_sort_order_id
 
 
 def test_nans_and_nulls_in_the_sort_key_keep_every_row_in_order(catalog: Catalog) -> None:
