@@ -27,6 +27,16 @@ from support import REPOSITORY
 
 COMPACTOR = Path(sys.executable).parent / "compactor"
 CATALOG = "default"  # the name the catalog fixture gives its tables
+# A job compacting every table of ``db`` each second, as soon as two files are small.
+COMPACT_EVERY_SECOND = """
+tables = ["db.*"]
+
+[compact]
+every = "1s"
+min_small_files = 2
+min_input_files = 2
+cooldown = "0s"
+"""
 # Bounds for a broken run only: every wait ends on an event the daemon logs.
 EVENT_TIMEOUT_S = 120
 EXIT_TIMEOUT_S = 120

@@ -27,7 +27,13 @@ from compactor.daemon.service import DEGRADED_AFTER_FAILED_TICKS
 from compactor.errors import CommitStateUnknownError
 
 from support import crash_runner
-from support.daemon import CATALOG, EVENT_TIMEOUT_S, EXIT_TIMEOUT_S, Setup
+from support.daemon import (
+    CATALOG,
+    COMPACT_EVERY_SECOND,
+    EVENT_TIMEOUT_S,
+    EXIT_TIMEOUT_S,
+    Setup,
+)
 from support.java_reader import JavaReader, java_read
 from support.java_writer import read_expected, write_cdc_table
 from support.json_output import assert_documented
@@ -42,15 +48,6 @@ pytest_plugins = ("support.daemon",)
 pytestmark = pytest.mark.slow  # left out by `make test-quick`
 
 CRASH_RUNNER = Path(crash_runner.__file__)
-COMPACT_EVERY_SECOND = """
-tables = ["db.*"]
-
-[compact]
-every = "1s"
-min_small_files = 2
-min_input_files = 2
-cooldown = "0s"
-"""
 
 
 def _compactor_snapshots(table: Any) -> list[Any]:

@@ -31,6 +31,7 @@ from urllib.parse import urlparse
 import pytest
 
 from support import REPOSITORY
+from support.daemon import COMPACT_EVERY_SECOND
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("packaging")]
 
@@ -111,16 +112,6 @@ catalog = "{CATALOG}"
 state = "state.db"
 listen = "127.0.0.1:0"
 log_format = "json"
-"""
-
-COMPACT_EVERY_SECOND = """
-tables = ["db.*"]
-
-[compact]
-every = "1s"
-min_small_files = 2
-min_input_files = 2
-cooldown = "0s"
 """
 
 
