@@ -13,7 +13,8 @@ peak RSS is the phase's own:
 - **floor, 1 process** (``floor_1``): plain pyarrow, no Iceberg. ``pyarrow.dataset`` reads the
   files (threaded) and one ``ParquetWriter`` writes them into files rolling at the target size,
   with the table's compression settings and row groups of at most
-  ``write.parquet.row-group-size-bytes``;
+  ``write.parquet.row-group-size-bytes`` of rows in memory (a plain writer cannot count
+  written bytes);
 - **floor, 2 processes** (``floor_2``): the same, the files split in two halves of about equal
   bytes (consecutive in snapshot order), each half in its own process, both at once: its time
   is the pair's wall time, its CPU the sum, its peak RSS the larger of the two;
@@ -63,6 +64,7 @@ from compactor.iceberg.delete_files import commit_delete_files, write_equality_d
 from compactor.iceberg.duckdb_views import duckdb_path
 from compactor.iceberg.pyiceberg_compat import parquet_writer_kwargs
 from compactor.options import resolve_options
+from compactor.rewrite.parquet_output import row_group_target
 from compactor.sizes import parse_size, proc_status_bytes
 
 MB = 10**6
@@ -573,7 +575,7 @@ def run_rewrite_benchmark(
     )
     floor_settings = (
         options.plan.target_file_size,
-        options.execution.row_group_size,
+        row_group_target(table.metadata.properties),  # counted in memory, as a plain writer can
         parquet_writer_kwargs(table.metadata.properties),
     )
     floor_dir = workdir / "floor-output"

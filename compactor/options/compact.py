@@ -308,6 +308,8 @@ class ExecutionOptions:
     ray_address: str | None = None
     bulk_read: bool = True
     memory_limit: int = DEFAULT_MEMORY_LIMIT
+    # In-memory bytes of the rows of the row group being filled (the table's
+    # write.parquet.row-group-size-bytes caps its written bytes).
     row_group_size: int = DEFAULT_ROW_GROUP_SIZE
     read_ahead: int = DEFAULT_READ_AHEAD
 
@@ -456,8 +458,9 @@ def resolve_options(table: str, table_properties: dict[str, str], **options: Any
     in_process = workers if workers and given.executor == "threads" else 1
     spare = limit - PROCESS_ALLOWANCE - in_process * WORKER_OVERHEAD
     share = max(MIN_SHARE, spare // (3 * in_process))
-    row_group = _int_property(table_properties, ROW_GROUP_SIZE_PROPERTY, table)
-    row_group = row_group if row_group and row_group > 0 else DEFAULT_ROW_GROUP_SIZE
+    # The table's row-group size counts written bytes (the writer closes row groups by it);
+    # what a row group's rows may take in memory until it is written is one share.
+    _int_property(table_properties, ROW_GROUP_SIZE_PROPERTY, table)
     return RewriteOptions(
         plan=PlanOptions(
             target_file_size=target,
@@ -484,7 +487,7 @@ def resolve_options(table: str, table_properties: dict[str, str], **options: Any
             ray_address=given.ray_address,
             bulk_read=given.bulk_read,
             memory_limit=limit,
-            row_group_size=min(row_group, share),
+            row_group_size=share,
             read_ahead=share,
         ),
         commit=CommitOptions(

@@ -33,6 +33,8 @@ from compactor.iceberg.pyiceberg_compat import (
     write_schema,
 )
 from compactor.iceberg.value_keys import canonical_array, same_partition
+from compactor.options.compact import ROW_GROUP_SIZE_PROPERTY
+from compactor.options.defaults import DEFAULT_ROW_GROUP_SIZE
 from compactor.planning.planner import is_unpartitioned
 from compactor.planning.sort_order import SortField
 from compactor.rewrite.bulk_read import FIELD_ID
@@ -62,6 +64,8 @@ class OutputSpec:
     spec_id: int
     partition: Record
     target_file_size: int
+    # In-memory bytes the rows of one row group may take: pyarrow writes a row group from rows
+    # all held in memory, so this is the memory budget's cap on it (see RollingParquetWriter).
     row_group_size: int
     file_prefix: str
     sort_order_id: int | None = None  # the table sort order the rows are written in
@@ -101,7 +105,12 @@ class RollingParquetWriter:
     """Accepts batches in the table's read schema (or already in :attr:`arrow_schema`);
     produces Iceberg DataFiles of ~target size.
 
-    Memory is bounded by one row group of buffered batches (``row_group_size`` bytes).
+    A row group closes once it holds the table's ``write.parquet.row-group-size-bytes`` of
+    written (compressed) bytes, as Iceberg Java's writer closes them (default 128 MiB), or once
+    its rows take ``out.row_group_size`` bytes in memory, whichever comes first. pyarrow has no
+    row group that batches append to (each ``write_table`` closes its own): a row group's rows
+    are buffered decoded until it is written, so the memory budget bounds them, and the rows
+    that make the written size are estimated from the written bytes per in-memory byte so far.
     Paths of every file created are kept in ``created`` so a failed group can remove them.
     """
 
@@ -125,6 +134,7 @@ class RollingParquetWriter:
         self._properties = self.out.metadata.properties
         self._writer_kwargs = parquet_writer_kwargs(self._properties)
         self._leaf_paths = parquet_leaf_paths(self._arrow_schema)
+        self._row_group_target = row_group_target(self._properties)
 
     def write(self, batch: pa.RecordBatch) -> None:
         """Buffer one batch; flush a row group when the buffer reaches its budget.
@@ -190,11 +200,17 @@ class RollingParquetWriter:
         return self._file.stream.tell() if self._file else 0
 
     def _row_group_budget(self) -> int:
-        """In-memory bytes for the next row group so that the file lands near the target."""
+        """In-memory bytes of rows for the next row group: as many as write the table's row
+        group size, or what the file has room for if less, within the memory budget. Before
+        any is written, how many that is is unknown: the first row group takes the row group
+        size (or the target file size, if smaller) in memory, as rows seldom take fewer bytes
+        written than in memory; its written size then sizes the others."""
+        memory = self.out.row_group_size
         if self._ratio <= 0:
-            return min(self.out.row_group_size, self.out.target_file_size)
-        remaining = max(self.out.target_file_size - self._written(), 0) / self._ratio
-        return int(max(MIN_ROW_GROUP_BYTES, min(self.out.row_group_size, remaining)))
+            return min(memory, self._row_group_target, self.out.target_file_size)
+        room = max(self.out.target_file_size - self._written(), 0)
+        written = min(self._row_group_target, room)
+        return int(max(MIN_ROW_GROUP_BYTES, min(memory, written / self._ratio)))
 
     def _flush_row_group(self) -> None:
         table = pa.Table.from_batches(self._buffer, schema=self._arrow_schema)
@@ -260,6 +276,16 @@ class RollingParquetWriter:
         self.data_files.append(data_file)
 
 
+def row_group_target(properties: dict[str, str]) -> int:
+    """Written bytes a row group closes at: the table's ``write.parquet.row-group-size-bytes``
+    (checked when options are resolved), :data:`DEFAULT_ROW_GROUP_SIZE` when unset."""
+    try:
+        size = int(properties.get(ROW_GROUP_SIZE_PROPERTY, DEFAULT_ROW_GROUP_SIZE))
+    except ValueError:
+        size = DEFAULT_ROW_GROUP_SIZE
+    return size if size > 0 else DEFAULT_ROW_GROUP_SIZE
+
+
 @functools.lru_cache(maxsize=64)
 def parquet_leaf_paths(schema: pa.Schema) -> dict[str, list[str]]:
     """Top-level column name -> the dotted paths of its Parquet leaf columns (cached per schema:
@@ -307,7 +333,23 @@ def _plain_bytes(values: pa.Array | pa.ChunkedArray) -> int:
     if any(is_kind(kind) for is_kind in _VARIABLE_WIDTH):
         lengths = pc.sum(pc.binary_length(values)).as_py() or 0
         return lengths + 4 * count
-    return count * kind.bit_width // 8
+    return count * _plain_bits(kind) // 8
+
+
+def _plain_bits(kind: pa.DataType) -> int:
+    """Bits of one fixed-width value of ``kind`` as Parquet stores it, not as Arrow holds it:
+    a decimal is an INT32 up to 9 digits, an INT64 up to 18, else the fewest bytes that hold
+    its precision (as written with ``store_decimal_as_integer``); 8 and 16-bit integers are
+    INT32."""
+    if pa.types.is_decimal(kind):
+        if kind.precision <= 9:
+            return 32
+        if kind.precision <= 18:
+            return 64
+        return 8 * math.ceil((kind.precision * math.log2(10) + 1) / 8)
+    if pa.types.is_integer(kind):
+        return max(kind.bit_width, 32)
+    return int(kind.bit_width)
 
 
 def _dictionary_pays(column: pa.ChunkedArray) -> bool:

@@ -28,7 +28,7 @@ from pyiceberg.types import (
 
 from compactor.daemon.scheduling import NOOP
 from compactor.daemon.service import compaction_outcome
-from compactor.options.defaults import MAX_OUTPUT_GROWTH
+from compactor.options.defaults import MAX_OUTPUT_GROWTH, MIN_SHARE
 from compactor.sizes import parse_size
 
 from support.encoding import read_varint, unzigzag
@@ -180,6 +180,80 @@ def test_a_group_too_large_for_one_core_is_cut_in_write_order(catalog: Catalog) 
         sizes = [f.file_size_in_bytes for f in group_result.data_files]
         for size in sizes[:-1]:
             assert abs(size - target) <= 0.1 * target, (sizes, target)
+
+
+def _compressible_appends(catalog: Catalog, properties: dict[str, str], appends: int) -> None:
+    """``db.t``: ``appends`` commits of 30,000 rows that take ~4x fewer bytes written than in
+    memory (sequential ids, notes of a few words, short random payloads)."""
+    table = catalog.create_table("db.t", SCHEMA, partition_spec=SPEC, properties=properties)
+    rng = random.Random(11)
+    for k in range(appends):
+        ids = range(k * 30_000, (k + 1) * 30_000)
+        columns = {
+            "event_id": list(ids),
+            "region": ["a"] * len(ids),
+            "note": [f"word{rng.randint(0, 50)} " * rng.randint(1, 20) for _ in ids],
+            "payload": [rng.randbytes(24) for _ in ids],
+        }
+        table.append(pa.table(columns, schema=table.schema().as_arrow()))
+
+
+def _row_groups(data_file: DataFile) -> list[tuple[int, float]]:
+    """(written bytes, bytes in memory as the writer holds them) of each row group of
+    ``data_file``."""
+    parquet = pq.ParquetFile(local_path(data_file.file_path))
+    metadata, rows = parquet.metadata, parquet.read()
+    per_row = rows.nbytes / rows.num_rows
+    groups = (metadata.row_group(g) for g in range(metadata.num_row_groups))
+    return [
+        (sum(g.column(c).total_compressed_size for c in range(g.num_columns)), g.num_rows * per_row)
+        for g in groups
+    ]
+
+
+@pytest.mark.filterwarnings("ignore:Parquet writer option:UserWarning")
+def test_row_groups_close_at_the_tables_row_group_size_in_written_bytes(
+    catalog: Catalog,
+) -> None:
+    """``write.parquet.row-group-size-bytes`` counts bytes written, as Iceberg Java reads it:
+    rows that take ~4x fewer bytes written than in memory make row groups of its size on disk
+    (not of its size in memory, ~4x smaller on disk); files still roll at the target."""
+    row_group = 256 * 1024
+    _compressible_appends(catalog, {"write.parquet.row-group-size-bytes": str(row_group)}, 6)
+    target = parse_size("2MiB")
+
+    result, _, _ = compact_and_verify(catalog, "db.t", target_file_size="2MiB", parallelism=1)
+
+    (group,) = result.committed
+    sizes = [f.file_size_in_bytes for f in group.data_files]
+    assert len(sizes) >= 2
+    for size in sizes[:-1]:
+        assert abs(size - target) <= 0.1 * target, (sizes, target)
+    groups = [g for f in group.data_files for g in _row_groups(f)[:-1]]  # a file's last fills it
+    # The writer's first row group is of the property's size in memory: it measures the rest.
+    for written, in_memory in groups[1:]:
+        assert 0.75 * row_group <= written <= 1.25 * row_group, groups
+        assert in_memory > 2 * written, groups
+
+
+@pytest.mark.filterwarnings("ignore:Parquet writer option:UserWarning")
+def test_the_memory_limit_caps_a_row_groups_rows_before_the_tables_row_group_size(
+    catalog: Catalog,
+) -> None:
+    """At the least --memory-limit (one worker, 16 MiB shares) rows that would write 8 MiB,
+    ~30 MiB in memory, are not held at once: row groups close at the memory share first."""
+    _compressible_appends(catalog, {"write.parquet.row-group-size-bytes": str(8 << 20)}, 6)
+
+    result, _ = run_compaction(
+        catalog, "db.t", target_file_size="64MiB", memory_limit="304MiB", parallelism=1
+    )
+
+    ((data_file,),) = [g.data_files for g in result.committed]
+    groups = _row_groups(data_file)
+    assert len(groups) >= 2
+    for written, in_memory in groups:
+        assert in_memory <= 1.05 * MIN_SHARE, groups
+        assert written < (8 << 20) / 2, groups
 
 
 # --- output size -------------------------------------------------------------------------------

@@ -278,10 +278,11 @@ def test_queries_bench_reports_identical_results_on_fewer_files(tmp_path: Path) 
 def test_queries_bench_with_a_sort_strategy_runs_filtered_queries_and_counts_skips(
     tmp_path: Path,
 ) -> None:
+    # Files of 768KB: row groups of 256 KiB written make several of each.
     _, report = bench(
         tmp_path,
         "queries",
-        *("--scale-factor", SCALE_FACTOR, "--target-file-size", "256KB", "--allow-small-target"),
+        *("--scale-factor", SCALE_FACTOR, "--target-file-size", "768KB", "--allow-small-target"),
         *QUICK,
         *("--file-size", "64KB", "--queries", "96", "--strategy", "sort"),
         *("--row-group-size", "256KiB"),
