@@ -7,12 +7,15 @@ every NaN whatever its payload, -0.0 is not 0.0). Which delete files apply to wh
 (sequence numbers, partitions, global deletes under an unpartitioned spec) is decided by the
 planner; this module only applies them.
 
-Vectorised: each batch is anti-joined in Arrow (Acero's hash join) against the keys of the
-delete files that apply to it, row order kept. Memory: the key columns of the equality deletes
-that apply to one group's files are held while the group is rewritten (they are read once per
-partition of the group and shared by every file of it they apply to) — about the size of those
-columns decoded, which is what Java's reader holds too. Key columns are joined on their storage
-type (a uuid as its 16 bytes).
+Vectorised: the keys of the delete files that apply to a group's files are read once per pool
+(below) into a :class:`~compactor.rewrite.deleted_keys.DeletedKeys`, whose hash tables are
+built once; each batch then only looks its rows' keys up in them (a few numpy gathers per key
+column) and is filtered, row order kept. Memory: those keys are held while the group is
+rewritten (read once per partition of the group and shared by every file of it they apply to):
+32 to 56 bytes per distinct key and at most as much per distinct value of each key column, plus
+the distinct values of string and binary key columns (22 MB for 288,634 keys of two integer
+columns) — of the order of the key columns decoded, which is what Java's reader holds too. Key
+columns are compared on their storage type (a uuid as its 16 bytes).
 """
 
 from __future__ import annotations
@@ -21,8 +24,8 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyiceberg.io import FileIO
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
@@ -30,14 +33,12 @@ from pyiceberg.schema import Schema
 
 from compactor.errors import DataFileError, file_error
 from compactor.iceberg.pyiceberg_compat import arrow_storage
-from compactor.iceberg.value_keys import canonical_array
+from compactor.rewrite.deleted_keys import DeletedKeys
 
 if TYPE_CHECKING:
     from compactor.planning.planner import TaskInput
 
 FIELD_ID = b"PARQUET:field_id"
-ROW = "__compactor_row"
-SEQUENCE = "__compactor_sequence"
 
 BatchFilter = Callable[[pa.RecordBatch], pa.RecordBatch]
 
@@ -45,35 +46,6 @@ BatchFilter = Callable[[pa.RecordBatch], pa.RecordBatch]
 def equality_deletes_of(delete_files: Sequence[DataFile]) -> list[DataFile]:
     """The equality-delete files among ``delete_files``."""
     return [d for d in delete_files if d.content == DataFileContent.EQUALITY_DELETES]
-
-
-def _key_column(array: pa.ChunkedArray | pa.Array) -> list[pa.Array | pa.ChunkedArray]:
-    """``array`` as join keys without nulls: a validity flag and the values with nulls filled."""
-    array = canonical_array(array)
-    valid = pc.is_valid(array)
-    if array.null_count == 0:
-        return [valid, array]
-    return [valid, pc.fill_null(array, _zero(array.type))]
-
-
-def _zero(kind: pa.DataType) -> pa.Scalar:
-    """A value of ``kind`` standing in for nulls (their validity flag tells them apart)."""
-    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
-        return pa.scalar("", kind)
-    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
-        return pa.scalar(b"", kind)
-    # Every other key type is fixed-width (numbers, booleans, dates, times, timestamps,
-    # decimals, fixed, uuid storage): all-zero bytes are one of its values.
-    zeros = pa.py_buffer(bytes(max(kind.bit_width // 8, 1)))
-    return pa.Array.from_buffers(kind, 1, [None, zeros])[0]
-
-
-def _key_table(columns: Sequence[pa.Array | pa.ChunkedArray]) -> dict[str, pa.Array]:
-    keys: dict[str, pa.Array] = {}
-    for index, column in enumerate(columns):
-        valid, values = _key_column(column)
-        keys[f"v{index}"], keys[f"k{index}"] = valid, values
-    return keys
 
 
 class EqualityDeleteApplier:
@@ -98,7 +70,7 @@ class EqualityDeleteApplier:
     ) -> None:
         self._io, self._schema, self._sequence_numbers = io, schema, sequence_numbers
         self._lock = threading.Lock()
-        self._keys: dict[tuple[int, tuple[pa.DataType, ...]], pa.Table] = {}
+        self._keys: dict[tuple[int, tuple[pa.DataType, ...]], DeletedKeys] = {}
         self._pools: list[dict[str, DataFile]] = []  # delete files by path
         self._pools_with: dict[str, list[int]] = {}  # delete path -> the pools holding it
         self._pool_of: dict[tuple[str, tuple[int, ...]], int] = {}  # (input, ids) -> pool
@@ -159,24 +131,26 @@ class EqualityDeleteApplier:
             raise file_error("delete", path, exc) from exc
         return table.rename_columns([str(i) for i in ids])
 
-    def _keys_for(self, pool: int, types: tuple[pa.DataType, ...]) -> pa.Table:
+    def _keys_for(self, pool: int, types: tuple[pa.DataType, ...]) -> DeletedKeys:
         """The distinct keys of a pool's deletes (cast to the data's ``types``), each with its
         newest deletion."""
         with self._lock:
             cached = self._keys.get((pool, types))
             if cached is not None:
                 return cached
-            parts = []
+            columns: list[list[pa.Array]] = [[] for _ in types]
+            sequences = []
             for path, delete_file in sorted(self._pools[pool].items()):
                 read = self._read_keys(delete_file)
-                columns = [arrow_storage(read.column(i)).cast(kind) for i, kind in enumerate(types)]
-                keys = _key_table(columns)
-                sequence = pa.array([self._sequence_numbers[path]] * read.num_rows, pa.int64())
-                parts.append(pa.table({**keys, SEQUENCE: sequence}))
-            names = [n for n in parts[0].column_names if n != SEQUENCE]
-            newest = pa.concat_tables(parts).group_by(names).aggregate([(SEQUENCE, "max")])
-            keys = newest.rename_columns(
-                [SEQUENCE if n == f"{SEQUENCE}_max" else n for n in newest.column_names]
+                for i, kind in enumerate(types):
+                    columns[i].extend(arrow_storage(read.column(i)).cast(kind).chunks)
+                sequences.append(np.full(read.num_rows, self._sequence_numbers[path], np.int64))
+            keys = DeletedKeys(
+                [
+                    pa.chunked_array(chunks, kind)
+                    for chunks, kind in zip(columns, types, strict=True)
+                ],
+                np.concatenate(sequences),
             )
             self._keys[(pool, types)] = keys
             return keys
@@ -203,19 +177,16 @@ class EqualityDeleteApplier:
                 names[field_id] = name
 
         def apply(batch: pa.RecordBatch) -> pa.RecordBatch:
+            if batch.num_rows == 0:
+                return batch
+            deleted = None
             for ids, pool in pools.items():
-                if batch.num_rows == 0:
-                    break
                 columns = [arrow_storage(batch.column(names[i])) for i in ids]
                 keys = self._keys_for(pool, tuple(c.type for c in columns))
-                left = pa.table(_key_table(columns))
-                left = left.append_column(ROW, pa.array(range(batch.num_rows), pa.int64()))
-                on = [n for n in keys.column_names if n != SEQUENCE]
-                joined = left.join(keys, keys=on, join_type="left outer", use_threads=False)
-                deleted = pc.fill_null(pc.greater(joined[SEQUENCE], sequence), False)
-                rows = joined.filter(pc.invert(deleted))[ROW].combine_chunks()
-                if len(rows) != batch.num_rows:
-                    batch = batch.take(pc.take(rows, pc.sort_indices(rows)))
-            return batch
+                these = keys.deleted(columns, sequence)
+                deleted = these if deleted is None else deleted | these
+            if deleted is None or not deleted.any():
+                return batch
+            return batch.filter(pa.array(~deleted))
 
         return apply
