@@ -6,16 +6,16 @@ The library API (see the README's "Library" section)::
     result = compactor.compact(table, target_file_size="256MiB")
 
 - :func:`inspect`, :func:`plan`, :func:`compact`, :func:`expire_snapshots`,
-  :func:`remove_orphans` and :func:`rewrite_deletes` work on a table loaded with pyiceberg;
+  :func:`remove_orphans`, :func:`rewrite_deletes` and :func:`rewrite_manifests` work on a table loaded with pyiceberg;
   options are keyword arguments named as the fields of the action's model
   (:class:`CompactOptions`, :class:`ExpireOptions`, :class:`OrphansOptions`,
-  :class:`RewriteDeletesOptions`) or one instance of it (a resolved :class:`RewriteOptions`
+  :class:`RewriteDeletesOptions`, :class:`RewriteManifestsOptions`) or one instance of it (a resolved :class:`RewriteOptions`
   for compaction).
 - :class:`RewriteTask`, :class:`TaskResult` and :func:`run_task` are the seam for custom
   executors: a task is plain data (``to_json``/``from_json``) that :func:`run_task` rewrites
   in any process; :class:`Executor` is what ``compact(executor=...)`` accepts.
 - Results: :class:`Inspection` (``inspect``), :class:`RunResult` (``compact``; ``backed_off``
-  when another run holds the table), :class:`DeleteRewriteResult`, :class:`ExpireResult`, :class:`OrphanResult`; each has
+  when another run holds the table), :class:`DeleteRewriteResult`, :class:`ManifestRewriteResult`, :class:`ExpireResult`, :class:`OrphanResult`; each has
   ``to_dict()``, the command's ``--json`` output.
 - Errors derive from :class:`CompactorError`; :class:`UsageError` for bad options.
 
@@ -50,15 +50,18 @@ _LAZY = {
     "expire_snapshots": "compactor.api",
     "remove_orphans": "compactor.api",
     "rewrite_deletes": "compactor.api",
+    "rewrite_manifests": "compactor.api",
     "RewriteOptions": "compactor.options",
     "CompactOptions": "compactor.options",
     "ExpireOptions": "compactor.options",
     "OrphansOptions": "compactor.options",
     "RewriteDeletesOptions": "compactor.options",
+    "RewriteManifestsOptions": "compactor.options",
     "resolve_options": "compactor.options",
     "Plan": "compactor.planning.planner",
     "RunResult": "compactor.compaction",
     "DeleteRewriteResult": "compactor.maintain.delete_rewrite",
+    "ManifestRewriteResult": "compactor.maintain.manifests",
     "ExpireResult": "compactor.maintain.expire",
     "OrphanResult": "compactor.maintain.orphans",
     "PendingCommit": "compactor.commit.inflight",
@@ -89,11 +92,13 @@ __all__ = [
     "GcDisabledError",
     "Inspection",
     "LeaseHeldError",
+    "ManifestRewriteResult",
     "OrphanResult",
     "OrphansOptions",
     "PendingCommit",
     "Plan",
     "RewriteDeletesOptions",
+    "RewriteManifestsOptions",
     "RewriteOptions",
     "RewriteTask",
     "RunResult",
@@ -111,6 +116,7 @@ __all__ = [
     "remove_orphans",
     "resolve_options",
     "rewrite_deletes",
+    "rewrite_manifests",
     "run_task",
 ]
 
@@ -123,18 +129,21 @@ if TYPE_CHECKING:
         plan,
         remove_orphans,
         rewrite_deletes,
+        rewrite_manifests,
     )
     from compactor.commit.inflight import CommitInDoubt, LeaseHeldError, PendingCommit
     from compactor.compaction import RunResult
     from compactor.execute.executors import Executor, ThreadExecutor
     from compactor.maintain.delete_rewrite import DeleteRewriteResult
     from compactor.maintain.expire import ExpireResult
+    from compactor.maintain.manifests import ManifestRewriteResult
     from compactor.maintain.orphans import OrphanResult
     from compactor.options import (
         CompactOptions,
         ExpireOptions,
         OrphansOptions,
         RewriteDeletesOptions,
+        RewriteManifestsOptions,
         RewriteOptions,
         resolve_options,
     )

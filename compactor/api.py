@@ -28,11 +28,17 @@ from compactor.errors import UsageError
 from compactor.execute.executors import Executor
 from compactor.iceberg import pyiceberg_compat
 from compactor.iceberg.catalogs import identifier_of
-from compactor.maintain import delete_rewrite, expire, orphans
+from compactor.maintain import delete_rewrite, expire, manifests, orphans
 from compactor.options.compact import RewriteOptions, resolve_options
 from compactor.options.fields import Model, parse_options
-from compactor.options.maintenance import ExpireOptions, OrphansOptions, RewriteDeletesOptions
+from compactor.options.maintenance import (
+    ExpireOptions,
+    OrphansOptions,
+    RewriteDeletesOptions,
+    RewriteManifestsOptions,
+)
 from compactor.planning.health import TableHealth, table_health
+from compactor.planning.manifest_groups import ManifestStats, manifest_stats
 from compactor.planning.planner import Plan, plan_rewrite
 
 
@@ -114,11 +120,13 @@ class Inspection:
     unreadable_files: list[str]
     commits_in_doubt: list[CommitInDoubt]
     warnings: tuple[str, ...] = ()
+    manifests: ManifestStats | None = None  # the current manifest list's manifests
 
     def to_dict(self) -> dict[str, Any]:
         """The ``--json`` output of ``compactor inspect``."""
         return {
             **self.health.to_dict(),
+            **(self.manifests.to_dict() if self.manifests is not None else {}),
             "unreadable_files": self.unreadable_files,
             "commits_in_doubt": [c.to_dict() for c in self.commits_in_doubt],
         }
@@ -142,6 +150,7 @@ def inspect(
         compaction.last_unreadable_files(table),
         in_doubt_report(table),
         resolved.warnings,
+        manifest_stats(table),
     )
 
 
@@ -218,8 +227,9 @@ def rewrite_deletes(
     dry_run: bool = False,
     **option_overrides: Any,
 ) -> delete_rewrite.DeleteRewriteResult:
-    """Compact position-delete files per partition, dropping rows and files that apply to no
-    live data file (``compactor rewrite-deletes``; Java's ``rewrite_position_delete_files``)."""
+    """Convert equality deletes into position deletes (reading only key columns), then compact
+    position-delete files per partition, dropping rows and files that apply to no live data
+    file (``compactor rewrite-deletes``; Java's ``rewrite_position_delete_files``)."""
     pyiceberg_compat.install()
     given = model_for(RewriteDeletesOptions, options, option_overrides)
     return delete_rewrite.rewrite_position_deletes(
@@ -228,4 +238,30 @@ def rewrite_deletes(
         target_file_size=given.target_file_size,
         where=given.where,
         dry_run=dry_run,
+        convert_equality_deletes=given.convert_equality_deletes,
+    )
+
+
+def rewrite_manifests(
+    table: Table,
+    options: RewriteManifestsOptions | None = None,
+    *,
+    dry_run: bool = False,
+    progress: manifests.ManifestProgress | None = None,
+    **option_overrides: Any,
+) -> manifests.ManifestRewriteResult:
+    """Rewrite the current snapshot's manifests clustered by partition, each of about the
+    table's ``commit.manifest.target-size-bytes`` (``compactor rewrite-manifests``; Spark's
+    ``rewrite_manifests``): one ``replace`` snapshot that adds and removes no file. Groups of
+    manifests already in order are left alone; like ``compact``, it does nothing while another
+    live run holds the table, and ``backed_off`` says why."""
+    pyiceberg_compat.install()
+    given = model_for(RewriteManifestsOptions, options, option_overrides)
+    return manifests.rewrite_manifests(
+        table,
+        identifier_of(table),
+        spec_id=given.spec_id,
+        target_size=given.target_manifest_size,
+        dry_run=dry_run,
+        progress=progress,
     )

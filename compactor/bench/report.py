@@ -2,7 +2,8 @@
 
 report.json, ``schema_version`` 1; every benchmark has:
 
-- ``schema_version`` (int), ``benchmark`` ("queries", "rewrite" or "plan"), ``created_at``
+- ``schema_version`` (int), ``benchmark`` ("queries", "rewrite", "plan" or "manifests"),
+  ``created_at``
   (ISO 8601)
 - ``command`` (list of str): the command line
 - ``machine``: ``cpu_count``, ``cpu_model``, ``memory_bytes``, ``platform``, ``python``,
@@ -11,7 +12,8 @@ report.json, ``schema_version`` 1; every benchmark has:
 
 ``queries`` adds ``generation``, ``load``, ``queries``, ``totals``, ``compaction``,
 ``s3_requests``; ``rewrite`` adds ``input``, ``floor_1``, ``floor_2``, ``compactor``, ``ratios``,
-``fraction_of_floor``; ``plan`` adds ``table``, ``plan``, ``runs``, ``plan_seconds``.
+``fraction_of_floor``; ``plan`` adds ``table``, ``plan``, ``runs``, ``plan_seconds``; ``manifests`` adds ``table``,
+``rewrite``, ``scan_before``, ``scan_after``, ``runs_before``, ``runs_after``.
 docs/benchmarks.md describes each field.
 """
 
@@ -336,6 +338,43 @@ def queries_chart(report: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def manifests_markdown(report: dict[str, Any]) -> str:
+    """report.md of ``bench manifests``."""
+    table, rewrite = report["table"], report["rewrite"]
+    before, after = report["scan_before"], report["scan_after"]
+    header = ["", "manifests", "plan_files (s)", "CPU s", "peak RSS (MB)", "files planned"]
+    rows = [
+        [
+            when,
+            f"{scan['manifests']:,}",
+            _num(scan["plan_files_seconds"], 3),
+            _num(scan["cpu_seconds"], 2),
+            _mb(scan["peak_rss_bytes"]),
+            f"{scan['files']:,}",
+        ]
+        for when, scan in (("before", before), ("after", after))
+    ]
+    speedup = before["plan_files_seconds"] / max(after["plan_files_seconds"], 1e-9)
+    lines = [
+        "# Rewriting the manifests of a table of many one-file commits",
+        "",
+        *_machine_lines(report),
+        f"Table: `{table['table']}`, {table['files']:,} files of {table['rows_per_file']} rows "
+        f"in {count(table['commits'], 'fast append')} (one manifest each).",
+        "",
+        f"**{rewrite['manifests_replaced']:,} manifests rewritten into "
+        f"{rewrite['manifests_written']:,} in {rewrite['seconds']:.2f}s** "
+        f"({_mb(rewrite['bytes_replaced'])} MB into {_mb(rewrite['bytes_written'])} MB; "
+        f"CPU {rewrite['cpu_seconds']:.2f}s, peak RSS {_mb(rewrite['peak_rss_bytes'])} MB).",
+        "",
+        *_table(header, rows),
+        f"pyiceberg's `table.scan().plan_files()`: {before['plan_files_seconds']:.2f}s before, "
+        f"{after['plan_files_seconds']:.2f}s after ({speedup:.1f}x faster; median of "
+        f"{count(len(report['runs_before']), 'fresh process', 'fresh processes')} each).",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def write_reports(report: dict[str, Any], out: Path) -> list[Path]:
     """Write report.json, report.md (and chart.png for queries) into ``out``; returns the paths."""
     out.mkdir(parents=True, exist_ok=True)
@@ -347,6 +386,8 @@ def write_reports(report: dict[str, Any], out: Path) -> list[Path]:
         queries_chart(report, paths[2])
     elif report["benchmark"] == "plan":
         paths[1].write_text(plan_markdown(report))
+    elif report["benchmark"] == "manifests":
+        paths[1].write_text(manifests_markdown(report))
     else:
         paths[1].write_text(rewrite_markdown(report))
     return paths

@@ -17,7 +17,7 @@ from compactor.cli.output import err, guarded, print_json
 from compactor.errors import UsageError
 
 bench_app = typer.Typer(
-    help="Benchmarks: TPC-DS queries before and after compaction; rewrite throughput.",
+    help="Benchmarks: TPC-DS queries before and after compaction; rewrite throughput; planning; manifests.",
     no_args_is_help=True,
     rich_markup_mode=None,
 )
@@ -429,3 +429,47 @@ def plan(
         allow_small_target=allow_small_target,
     )
     _run_on_local_warehouse("plan", run_plan_benchmark, parameters, workdir, out, as_json)
+
+
+@bench_app.command()
+@guarded
+def manifests(
+    commits: Annotated[
+        int, typer.Option(help="Fast appends of one file each: the manifests before.")
+    ] = 5_000,
+    rows_per_file: Annotated[int, typer.Option(help="Rows of store_sales in each file.")] = 10,
+    scale_factor: Annotated[
+        float,
+        typer.Option(
+            help="TPC-DS scale factor of the store_sales rows the files take (in turn, "
+            "starting again when they run out)."
+        ),
+    ] = 0.01,
+    repetitions: Annotated[
+        int,
+        typer.Option(help="Scan plannings before and after, each in a fresh process (median)."),
+    ] = 3,
+    workdir: WorkdirOpt = None,
+    out: OutOpt = Path("bench-report"),
+    as_json: JsonOpt = False,
+) -> None:
+    """What rewriting manifests buys a table of many one-file commits.
+
+    Builds TPC-DS store_sales as --commits fast appends of one Parquet file each (one manifest
+    per commit, as bench plan builds it), then times pyiceberg's scan planning
+    (table.scan().plan_files()), compactor.rewrite_manifests(table), and scan planning again,
+    each in a fresh process. Reports the manifests before and after, the rewrite's time, and
+    the median planning time before and after.
+
+    Example: compactor bench manifests --commits 5000 --out bench-manifests
+    """
+    _require_bench_extra()
+    from compactor.bench.manifests import manifest_parameters, run_manifest_benchmark
+
+    parameters = manifest_parameters(
+        commits=commits,
+        rows_per_file=rows_per_file,
+        scale_factor=scale_factor,
+        repetitions=repetitions,
+    )
+    _run_on_local_warehouse("manifests", run_manifest_benchmark, parameters, workdir, out, as_json)

@@ -287,6 +287,13 @@ def inspect(
         print_json(inspection.to_dict())
         return
     _print_health(inspection.health)
+    stats = inspection.manifests
+    if stats is not None:
+        out.print(
+            f"manifests: {stats.manifests['data']} data, {stats.manifests['deletes']} delete; "
+            f"{stats.average_entries:,.1f} live entries per manifest; "
+            f"{count(stats.metadata_files, 'metadata file')}"
+        )
     for path in inspection.unreadable_files:
         line = f"unreadable file, skipped by the last compaction: {path}"
         out.print(line, markup=False, highlight=False)

@@ -1,4 +1,5 @@
-"""``compactor expire``, ``orphans`` and ``rewrite-deletes``: keep a table's files in order."""
+"""``compactor expire``, ``orphans``, ``rewrite-deletes`` and ``rewrite-manifests``: keep a
+table's files in order."""
 
 from __future__ import annotations
 
@@ -17,7 +18,12 @@ from compactor.cli.common import (
 from compactor.cli.model_flags import with_model_flags
 from compactor.cli.output import err, fail, guarded, out, print_json, print_table
 from compactor.errors import CompactorError, UsageError
-from compactor.options.maintenance import ExpireOptions, OrphansOptions, RewriteDeletesOptions
+from compactor.options.maintenance import (
+    ExpireOptions,
+    OrphansOptions,
+    RewriteDeletesOptions,
+    RewriteManifestsOptions,
+)
 from compactor.sizes import count, format_size
 
 if TYPE_CHECKING:
@@ -188,18 +194,28 @@ def rewrite_deletes(
     *,
     options: dict[str, Any],
     dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Read the delete files and report; write nothing.")
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Plan the conversion, read the position delete files, and report; write nothing.",
+        ),
     ] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Compact position-delete files per partition and drop the ones that apply to nothing.
+    """Convert equality deletes into position deletes, then compact position-delete files per
+    partition and drop the ones that apply to nothing.
 
-    Iceberg Java's rewrite_position_delete_files with remove-dangling-deletes: each partition's
-    position-delete files become one file (rolling at --target-file-size), without the rows
-    whose data file is no longer live; a delete file that applies to no live data file is
-    removed. Deleted rows stay deleted; data files are not touched. One `replace` snapshot;
-    partitions changed by a concurrent commit are left out. Format-3 tables (deletion vectors)
-    are refused. `compactor run` applies deletes while rewriting data files; this is for the
+    First each equality delete file's rows are found in the data files it applies to, reading
+    only their key columns, and written as position deletes of their partition: one `replace`
+    snapshot adds those and removes the equality delete files (--no-convert-equality-deletes
+    skips this). Then, as Iceberg Java's rewrite_position_delete_files with
+    remove-dangling-deletes, each partition's position-delete files become one file (rolling at
+    --target-file-size), without the rows whose data file is no longer live; a delete file that
+    applies to no live data file is removed (a second `replace` snapshot). Deleted rows stay
+    deleted; no data file is written; partitions changed by a concurrent commit are left out.
+    On format-3 tables equality deletes become deletion vectors (merged with each data file's
+    earlier deletes), which are not compacted: a format-3 table without equality deletes is
+    refused. `compactor run` applies deletes while rewriting data files; this is for the
     delete files of data files that are not rewritten.
 
     Example: compactor rewrite-deletes --table db.orders --dry-run
@@ -215,6 +231,23 @@ def rewrite_deletes(
         err.print(result.backed_off, markup=False, highlight=False)
         return
     warn_in_doubt(table, result.commits_in_doubt)
+    conversion = result.equality_conversion
+    if conversion is not None and (conversion.plan.equality_deletes or conversion.skipped):
+        written = conversion.position_delete_files_written
+        out.print(
+            f"{table}: {'would convert' if dry_run else 'converted'} "
+            f"{conversion.equality_delete_files_converted} equality delete files"
+            + ("" if written is None else f" into {written} position delete files")
+            + (
+                f" and {conversion.deletion_vectors_written} deletion vectors"
+                if conversion.deletion_vectors_written
+                else ""
+            )
+            + f", reading the key columns of {sum(len(g.inputs) for g in conversion.groups)} "
+            "data files"
+        )
+        for group_id, reason in sorted(conversion.conflicts.items()):
+            out.print(f"equality delete group {group_id} left out: {reason}")
     verb = "would replace" if dry_run else "replaced"
     out.print(
         f"{table}: {verb} {result.files_removed} position delete files with "
@@ -232,3 +265,88 @@ def rewrite_deletes(
     )
     for group_id, reason in sorted(result.conflicts.items()):
         out.print(f"partition group {group_id} left out: {reason}")
+
+
+@commands.command("rewrite-manifests")
+@with_model_flags(RewriteManifestsOptions)
+@guarded
+def rewrite_manifests(
+    table: TableOpt,
+    catalog: CatalogOpt = None,
+    *,
+    options: dict[str, Any],
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Read the manifests and report; write nothing.")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Rewrite the current snapshot's manifests into few, clustered by partition.
+
+    Spark's rewrite_manifests: data manifests and delete manifests, separately per partition
+    spec, are rewritten sorted by partition into manifests of about the table's
+    commit.manifest.target-size-bytes (else 8 MiB), as one `replace` snapshot that adds and
+    removes no file; every entry keeps its snapshot id and sequence numbers. Manifests already
+    within the target and clustered are left alone (no snapshot). A concurrent append is kept;
+    manifests a concurrent commit changed are left for the next run.
+
+    Example: compactor rewrite-manifests --table db.events --dry-run
+    """
+    from compactor.api import rewrite_manifests as rewrite
+
+    tbl = open_table(catalog, table)
+    bar = _ManifestBar() if (not as_json and err.is_terminal) else None
+    try:
+        result = rewrite(tbl, dry_run=dry_run, progress=bar, **options)
+    finally:
+        if bar:
+            bar.stop()
+    if as_json:
+        print_json(result.to_dict())
+        return
+    if result.backed_off:
+        err.print(result.backed_off, markup=False, highlight=False)
+        return
+    warn_in_doubt(table, result.commits_in_doubt)
+    verb = "would replace" if dry_run else "replaced"
+    out.print(
+        f"{table}: {verb} {count(result.manifests_replaced, 'manifest')} with "
+        f"{result.manifests_written} ({count(result.entries_rewritten, 'entry', 'entries')}); "
+        f"{count(len(result.in_order), 'group')} already in order"
+    )
+    print_table(
+        f"manifests ({table})",
+        ("content", "before", "after", "live entries"),
+        (
+            (content, str(before), str(result.manifests_after.get(content, 0)), str(entries))
+            for content, before in result.manifests_before.items()
+            for entries in [result.entries.get(content, 0)]
+        ),
+        right=("before", "after", "live entries"),
+    )
+    for group_id, reason in sorted(result.conflicts.items()):
+        out.print(f"manifest group {group_id} left out: {reason}")
+
+
+class _ManifestBar:
+    """Progress bar over the manifests read, on a terminal only."""
+
+    def __init__(self) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress
+
+        self._progress = Progress(
+            "[progress.description]{task.description}",
+            BarColumn(),
+            MofNCompleteColumn(),
+            console=err,
+            transient=True,
+        )
+        self._task: Any = None
+
+    def __call__(self, read: int, total: int) -> None:
+        if self._task is None:
+            self._progress.start()
+            self._task = self._progress.add_task("reading manifests", total=total)
+        self._progress.update(self._task, completed=read)
+
+    def stop(self) -> None:
+        self._progress.stop()

@@ -225,6 +225,7 @@ def status(config: ConfigFileOpt = None, as_json: JsonOpt = False) -> None:
             "due",
             "last compaction",
             "next compaction",
+            "manifests",
         ),
         (
             (
@@ -237,6 +238,7 @@ def status(config: ConfigFileOpt = None, as_json: JsonOpt = False) -> None:
                 "yes" if t["due"] else "no",
                 _last_compaction(t["last_compaction"]),
                 _when(t["next_compaction_at_ms"]),
+                _manifests(t["manifests"]),
             )
             for t in data["tables"]
         ),
@@ -248,6 +250,7 @@ def status(config: ConfigFileOpt = None, as_json: JsonOpt = False) -> None:
             "due",
             "last compaction",
             "next compaction",
+            "manifests",
         ),
     )
     print_table(
@@ -320,3 +323,11 @@ def status(config: ConfigFileOpt = None, as_json: JsonOpt = False) -> None:
         ),
         skip_empty=True,
     )
+
+
+def _manifests(manifests: dict[str, Any] | None) -> str:
+    """``12 (3.5/manifest)``: a table's manifests at the last check, and entries per manifest."""
+    if manifests is None:
+        return "-"
+    total = sum(manifests["manifests"].values())
+    return f"{total:,} ({manifests['average_entries_per_manifest']:,.1f}/manifest)"

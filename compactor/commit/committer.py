@@ -351,6 +351,7 @@ def commit_groups(
     sleep: Callable[[float], None] = time.sleep,
     journal: CommitJournal | None = None,
     branch: str = MAIN_BRANCH,
+    snapshot_id: int | None = None,
 ) -> CommitOutcome[G]:
     """Commit rewritten ``groups`` (by group id) as one snapshot on ``branch``; the groups
     refused are reported, not raised. Data and delete rewrites both commit through it.
@@ -383,6 +384,7 @@ def commit_groups(
         sleep=sleep,
         journal=journal,
         branch=branch,
+        snapshot_id=snapshot_id,
     )
     if outcome.snapshot_id is not None:
         outcome.committed = list(pending.values())
@@ -418,6 +420,7 @@ def commit_on_branch(
     sleep: Callable[[float], None] = time.sleep,
     journal: CommitJournal | None = None,
     branch: str = MAIN_BRANCH,
+    snapshot_id: int | None = None,
 ) -> int | None:
     """Commit one snapshot on ``branch``, retrying catalog conflicts; its id, or None if none
     was due.
@@ -431,7 +434,9 @@ def commit_on_branch(
     commit was refused (:func:`is_refusal`) and the table does not show it: every file stays,
     since the request may still be applied.
     """
-    snapshot_id = table.metadata.new_snapshot_id()
+    # The id of the snapshot: given when files written beforehand name it (their manifests'
+    # added_snapshot_id), else a new one.
+    snapshot_id = table.metadata.new_snapshot_id() if snapshot_id is None else snapshot_id
     started = time.monotonic()
     attempts = 0
     while True:

@@ -143,7 +143,7 @@ def commit_delete_rewrite(
     )
 
 
-def _filter_delete_manifests(
+def filter_delete_manifests(
     attempt: SnapshotWriter, head: Snapshot, remove: set[str], read: set[str], start: frozenset[str]
 ) -> tuple[list[ManifestFile], dict[str, ManifestEntry]]:
     """Carry the head's manifests over without ``remove``; returns them and the entries removed.
@@ -177,7 +177,7 @@ def _write_snapshot(
 ) -> Snapshot | None:
     group_of = {p: gid for gid, g in pending.items() for p in g.paths}
     read = {m for g in pending.values() for m in g.manifests}
-    manifests, found = _filter_delete_manifests(attempt, head, set(group_of), read, start_manifests)
+    manifests, found = filter_delete_manifests(attempt, head, set(group_of), read, start_manifests)
     reason = "a replaced delete file is no longer live in the table"
     if refuse_vanished(attempt, group_of, found, pending, outcome, reason):
         return None

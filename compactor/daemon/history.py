@@ -70,6 +70,11 @@ CREATE TABLE IF NOT EXISTS ticks (
     last_error TEXT,
     PRIMARY KEY (job, action)
 );
+CREATE TABLE IF NOT EXISTS manifests (
+    table_name TEXT PRIMARY KEY,
+    checked_at REAL NOT NULL,
+    stats TEXT NOT NULL
+);
 """
 
 
@@ -298,6 +303,23 @@ class History:
             for row in db.execute("SELECT DISTINCT job FROM grown_groups").fetchall():
                 if row["job"] not in keep_jobs:
                     db.execute("DELETE FROM grown_groups WHERE job = ?", (row["job"],))
+
+    def record_manifests(self, table_name: str, now: float, stats: dict[str, Any]) -> None:
+        """A table's manifests, at its last manifest check or rewrite."""
+        with self._tx() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO manifests VALUES (?, ?, ?)",
+                (table_name, now, json.dumps(stats)),
+            )
+
+    def manifests(self) -> dict[str, dict[str, Any]]:
+        """Each table's manifests at its last check (``checked_at`` included), by table."""
+        with self._lock:
+            rows = self._db.execute("SELECT * FROM manifests").fetchall()
+        return {
+            row["table_name"]: {"checked_at": row["checked_at"], **json.loads(row["stats"])}
+            for row in rows
+        }
 
     def ticks(self) -> list[dict[str, Any]]:
         """The last tick of every (job, action): when, failures in a row, last success, error."""

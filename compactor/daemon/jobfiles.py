@@ -14,6 +14,10 @@ A job file is TOML (see the examples in ``jobs/``)::
 
     [orphans]
     every = "1d"
+
+    [rewrite_manifests]
+    every = "1h"
+    min_manifests = 100
 """
 
 from __future__ import annotations
@@ -47,14 +51,20 @@ from compactor.options.compact import CompactOptions, resolve_options
 from compactor.options.defaults import (
     DEFAULT_COOLDOWN,
     DEFAULT_MIN_DELETE_FILES,
+    DEFAULT_MIN_MANIFESTS,
     DEFAULT_MIN_SMALL_FILES,
     MIN_ORPHAN_AGE_MS,
 )
 from compactor.options.fields import Duration, Size
-from compactor.options.maintenance import ExpireOptions, OrphansOptions, RewriteDeletesOptions
+from compactor.options.maintenance import (
+    ExpireOptions,
+    OrphansOptions,
+    RewriteDeletesOptions,
+    RewriteManifestsOptions,
+)
 
-ACTIONS = ("compact", "rewrite_deletes", "expire", "orphans")
-Action = Literal["compact", "rewrite_deletes", "expire", "orphans"]
+ACTIONS = ("compact", "rewrite_deletes", "rewrite_manifests", "expire", "orphans")
+Action = Literal["compact", "rewrite_deletes", "rewrite_manifests", "expire", "orphans"]
 GLOB_CHARS = set("*?[")
 MIN_EVERY_MS = 1000
 
@@ -135,6 +145,35 @@ class RewriteDeletesAction(Schedule, RewriteDeletesOptions):
     """
 
 
+class RewriteManifestsAction(Schedule, RewriteManifestsOptions):
+    """Rewrite a table's manifests, clustered by partition, once it has ``min_manifests`` of
+    them (and, when set, they average fewer than ``max_average_entries`` live entries each).
+
+    Takes every option of ``compactor rewrite-manifests``
+    (:class:`~compactor.options.RewriteManifestsOptions`). Queued behind compactions, and
+    checked again right after a compaction of the table commits.
+    """
+
+    min_manifests: int = Field(DEFAULT_MIN_MANIFESTS, ge=1)
+    max_average_entries: int | None = Field(None, ge=1)
+
+    def due(self, manifests: int, entries: int) -> list[str]:
+        """The thresholds a table of ``manifests`` holding ``entries`` live entries crosses;
+        empty when its manifests need no rewrite."""
+        if manifests < self.min_manifests:
+            return []
+        reasons = [f"{manifests} manifests >= min_manifests {self.min_manifests}"]
+        if self.max_average_entries is None:
+            return reasons
+        average = entries / manifests
+        if average >= self.max_average_entries:
+            return []
+        return [
+            *reasons,
+            f"{average:.1f} entries per manifest < max_average_entries {self.max_average_entries}",
+        ]
+
+
 class _Destructive(Schedule):
     """An action that deletes: on table globs only when the job says ``on_table_globs``."""
 
@@ -167,7 +206,9 @@ class OrphansAction(_Destructive, OrphansOptions):
         return value
 
 
-ActionSection = CompactAction | RewriteDeletesAction | ExpireAction | OrphansAction
+ActionSection = (
+    CompactAction | RewriteDeletesAction | RewriteManifestsAction | ExpireAction | OrphansAction
+)
 """The section of a job file that configures one action."""
 
 
@@ -180,6 +221,7 @@ class JobFile(_Section):
     exclude: list[TablePattern] = []
     compact: CompactAction | None = None
     rewrite_deletes: RewriteDeletesAction | None = None
+    rewrite_manifests: RewriteManifestsAction | None = None
     expire: ExpireAction | None = None
     orphans: OrphansAction | None = None
 
@@ -187,7 +229,8 @@ class JobFile(_Section):
     def _some_action(self) -> JobFile:
         if not self.actions():
             raise ValueError(
-                "no action: add a [compact], [rewrite_deletes], [expire] or [orphans] section"
+                "no action: add a [compact], [rewrite_deletes], [rewrite_manifests], [expire] "
+                "or [orphans] section"
             )
         return self
 
@@ -209,6 +252,7 @@ class JobFile(_Section):
         found: dict[Action, ActionSection | None] = {
             "compact": self.compact,
             "rewrite_deletes": self.rewrite_deletes,
+            "rewrite_manifests": self.rewrite_manifests,
             "expire": self.expire,
             "orphans": self.orphans,
         }

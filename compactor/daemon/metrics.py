@@ -123,6 +123,31 @@ class DaemonMetrics:
             ["job", "action"],
             registry=r,
         )
+        self.manifests = Gauge(
+            "compactor_table_manifests",
+            "Manifests of the current snapshot per table and content (data, deletes), at the "
+            "last manifest check or rewrite.",
+            ["table", "content"],
+            registry=r,
+        )
+        self.manifest_entries = Gauge(
+            "compactor_table_average_manifest_entries",
+            "Live entries per manifest per table, at the last manifest check or rewrite.",
+            ["table"],
+            registry=r,
+        )
+        self.metadata_files = Gauge(
+            "compactor_table_metadata_files",
+            "metadata.json files a table lists (the current one and its log), at the last "
+            "manifest check or rewrite.",
+            ["table"],
+            registry=r,
+        )
+        self.rewritten_manifests = Counter(
+            "compactor_rewritten_manifests",
+            "Manifests replaced by committed manifest rewrites.",
+            registry=r,
+        )
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,8 +1,10 @@
 """``compactor daemon``: keep every table of the job files healthy, with no one calling.
 
 Each (job file, action) has an APScheduler schedule. A compaction tick scores every table in
-scope (:mod:`compactor.daemon.fragmentation`) and queues those over a threshold; an expiry or orphan
-tick queues every table in scope. :class:`~compactor.daemon.scheduling.RunPolicy` decides which queued
+scope (:mod:`compactor.daemon.fragmentation`) and queues those over a threshold; a manifest tick reads
+each table's manifest list and queues those with too many manifests, behind every compaction
+(and again right after a compaction of the table commits); an expiry or orphan tick queues
+every table in scope. :class:`~compactor.daemon.scheduling.RunPolicy` decides which queued
 run starts, and runs execute on a pool of ``max_concurrent_runs`` threads. Everything that
 happens is written to the state file (:mod:`compactor.daemon.history`), counted in
 :mod:`compactor.daemon.metrics` and logged with fields.
@@ -38,6 +40,7 @@ from compactor.daemon.jobfiles import (
     Job,
     OrphansAction,
     RewriteDeletesAction,
+    RewriteManifestsAction,
     listed_tables,
 )
 from compactor.daemon.metrics import DaemonMetrics, MetricsServer
@@ -63,10 +66,13 @@ from compactor.errors import (
 from compactor.execute.progress_log import ProgressLog, progress_interval
 from compactor.iceberg.catalogs import open_catalog
 from compactor.options.compact import RewriteOptions, resolve_options
+from compactor.planning.manifest_groups import ManifestStats, manifest_stats
 from compactor.sizes import count
 
 log = logging.getLogger("compactor.daemon.service")
-WRITING_ACTIONS = ("compact", "rewrite_deletes")
+WRITING_ACTIONS = ("compact", "rewrite_deletes", "rewrite_manifests")
+# Manifest rewrites queue behind every compaction (whose priority is its score, >= 0).
+MANIFEST_REWRITE_PRIORITY = -1.0
 
 
 @dataclass(frozen=True)
@@ -322,6 +328,9 @@ class Daemon:
         """The run to offer for ``identifier``, None when it is not due; raises when the table
         cannot be loaded or scored."""
         section = job.spec.actions()[action]
+        if isinstance(section, RewriteManifestsAction):
+            table = catalog.load_table(identifier)
+            return self._manifest_request(catalog, job.name, identifier, section, table)
         if not isinstance(section, CompactAction):
             return Request(identifier, action, job.name, payload=Work(catalog, section))
         table = catalog.load_table(identifier)
@@ -450,6 +459,8 @@ class Daemon:
         section = work.section
         if isinstance(section, RewriteDeletesAction):
             return self._rewrite_deletes(table, request, section, row)
+        if isinstance(section, RewriteManifestsAction):
+            return self._rewrite_manifests(table, request, section, row)
         if isinstance(section, CompactAction):
             assert work.options is not None  # resolved when the table was found due
             return self._compact(table, request, section, work.options, row)
@@ -486,22 +497,31 @@ class Daemon:
     def _rewrite_deletes(
         self, table: Table, request: Request, section: RewriteDeletesAction, row: RunRow
     ) -> str:
-        """Compact the table's position-delete files; the outcome."""
+        """Convert the table's equality deletes and compact its position-delete files; the
+        outcome."""
         result = api.rewrite_deletes(table, section)
         if result.backed_off:  # another run holds the table: nothing was done
             row.error = result.backed_off
             return SKIPPED
-        row.input_files, row.input_bytes = result.files_removed, result.bytes_removed
-        row.output_files, row.output_bytes = result.files_added, result.bytes_added
-        row.snapshot_ids = [result.snapshot_id] if result.snapshot_id else []
-        row.conflicts = len(result.conflicts)
+        conversion = result.equality_conversion
+        converted = conversion.equality_delete_files_converted if conversion else 0
+        written = (conversion.position_delete_files_written or 0) if conversion else 0
+        conflicts = (
+            [reason for _, reason in sorted(conversion.conflicts.items())] if conversion else []
+        )
+        conflicts += [reason for _, reason in sorted(result.conflicts.items())]
+        row.input_files, row.input_bytes = result.files_removed + converted, result.bytes_removed
+        row.output_files, row.output_bytes = result.files_added + written, result.bytes_added
+        committed = (conversion.snapshot_id if conversion else None, result.snapshot_id)
+        row.snapshot_ids = list(dict.fromkeys(s for s in committed if s is not None))
+        row.conflicts = len(conflicts)
         row.commits_in_doubt = [c.to_dict() for c in result.commits_in_doubt]
         self.metrics.deleted_files.labels(request.action).inc(result.files_removed)
         self.metrics.deleted_bytes.labels(request.action).inc(result.bytes_removed)
-        if result.conflicts and not result.committed:
-            row.error = result.conflicts[min(result.conflicts)]
+        if conflicts and not row.snapshot_ids:
+            row.error = conflicts[0]
             return PARTIAL
-        return SUCCEEDED if result.files_removed else NOOP
+        return SUCCEEDED if result.changed else NOOP
 
     def _compact(
         self,
@@ -544,7 +564,80 @@ class Daemon:
         if result.snapshot_ids:  # show the table as it is now, not as it was before the run
             table.refresh()
             self._score(table, request.table, request.job, options, section)
+            self._manifests_after_compaction(request, table)
         return compaction_outcome(result)
+
+    # --- manifests -----------------------------------------------------------------------------
+
+    def _manifest_request(
+        self,
+        catalog: Catalog,
+        job_name: str,
+        identifier: str,
+        section: RewriteManifestsAction,
+        table: Table,
+    ) -> Request | None:
+        """A manifest rewrite of ``table`` when it crosses ``section``'s thresholds, else None;
+        its manifest gauges are set either way. Reads the manifest list only."""
+        stats = self._record_manifests(identifier, table)
+        reasons = section.due(stats.total, sum(stats.entries.values()))
+        if not reasons:
+            return None
+        log.info(
+            "manifests due",
+            extra={"event": "manifests_due", "table": identifier, "reasons": reasons},
+        )
+        return Request(
+            identifier,
+            "rewrite_manifests",
+            job_name,
+            priority=MANIFEST_REWRITE_PRIORITY,
+            payload=Work(catalog, section),
+        )
+
+    def _record_manifests(self, identifier: str, table: Table) -> ManifestStats:
+        stats = manifest_stats(table)
+        self.history.record_manifests(identifier, self.clock(), stats.to_dict())
+        for content, manifests in stats.manifests.items():
+            self.metrics.manifests.labels(identifier, content).set(manifests)
+        self.metrics.manifest_entries.labels(identifier).set(stats.average_entries)
+        self.metrics.metadata_files.labels(identifier).set(stats.metadata_files)
+        return stats
+
+    def _manifests_after_compaction(self, request: Request, table: Table) -> None:
+        """Right after a compaction committed, queue the job's manifest rewrite of the table
+        if it is due now (it starts once the compaction has finished)."""
+        job = next((j for j in self.jobs if j.name == request.job), None)
+        section = job.spec.rewrite_manifests if job is not None else None
+        if section is None:
+            return
+        work: Work = request.payload
+        follow = self._manifest_request(work.catalog, request.job, request.table, section, table)
+        if follow is not None:
+            with self._lock:
+                self.policy.offer(follow)
+
+    def _rewrite_manifests(
+        self, table: Table, request: Request, section: RewriteManifestsAction, row: RunRow
+    ) -> str:
+        """Rewrite the table's manifests that are out of order; the outcome."""
+        result = api.rewrite_manifests(table, section)
+        if result.backed_off:  # another run holds the table: nothing was done
+            row.error = result.backed_off
+            return SKIPPED
+        row.input_files, row.input_bytes = result.manifests_replaced, result.bytes_replaced
+        row.output_files, row.output_bytes = result.manifests_written, result.bytes_written
+        row.snapshot_ids = [result.snapshot_id] if result.snapshot_id else []
+        row.conflicts = len(result.conflicts)
+        row.commits_in_doubt = [c.to_dict() for c in result.commits_in_doubt]
+        self.metrics.rewritten_manifests.inc(result.manifests_replaced)
+        self.metrics.commit_conflicts.inc(row.conflicts)
+        table.refresh()
+        self._record_manifests(request.table, table)
+        if result.conflicts:
+            row.error = result.conflicts[min(result.conflicts)]
+            return PARTIAL if result.snapshot_id else CONFLICT
+        return SUCCEEDED if result.snapshot_id else NOOP
 
 
 def _growth_settings(options: RewriteOptions, properties: dict[str, str]) -> str:

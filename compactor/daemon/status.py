@@ -23,6 +23,7 @@ def daemon_status(config: DaemonConfig, jobs: list[Job], now: float) -> dict[str
         schedules = history.schedules()
         recent = history.recent_runs(1_000)
         ticks = history.ticks()
+        manifests = history.manifests()
     finally:
         history.close()
     section = config.section
@@ -59,6 +60,7 @@ def daemon_status(config: DaemonConfig, jobs: list[Job], now: float) -> dict[str
                 **scan,
                 "scanned_at_ms": epoch_ms(scanned_at),
                 "last_compaction": _run(last) if last else None,
+                "manifests": _manifests(manifests.get(scan["table"])),
                 "eligible_at_ms": epoch_ms(eligible or None),
                 "next_compaction_at_ms": epoch_ms(next_at),
             }
@@ -73,6 +75,15 @@ def daemon_status(config: DaemonConfig, jobs: list[Job], now: float) -> dict[str
         ],
         "runs": [_run(run) for run in runs],
     }
+
+
+def _manifests(checked: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A table's manifests at its last manifest check, ``checked_at`` in epoch ms."""
+    if checked is None:
+        return None
+    found = dict(checked)
+    checked_at = found.pop("checked_at")
+    return {**found, "checked_at_ms": epoch_ms(checked_at)}
 
 
 def epoch_ms(at: float | None) -> int | None:

@@ -1,6 +1,8 @@
 """Write and commit delete files (position, equality, deletion vectors): pyiceberg 0.12 cannot.
 
-For benchmarks that build CDC-like tables and for tests; compaction itself never adds a delete.
+For benchmarks that build CDC-like tables and for tests; of compactor's actions only the
+conversion of equality deletes adds deletes (deletion vectors, through
+:func:`write_deletion_vectors`).
 Files are Parquet with the spec's field ids and column metrics, or Puffin files of
 ``deletion-vector-v1`` blobs (format v3); a commit adds one delete manifest per partition spec
 in a new snapshot on main, validated like pyiceberg's own writes.
@@ -11,7 +13,7 @@ from __future__ import annotations
 import json
 import uuid
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -167,16 +169,24 @@ def _deletion_vector_blob(positions: Iterable[int]) -> bytes:
 
 
 def write_deletion_vectors(
-    table: Table, positions: dict[DataFile, Iterable[int]]
+    table: Table,
+    positions: Mapping[DataFile, Iterable[int]],
+    *,
+    path: str | None = None,
+    on_create: Callable[[str], None] | None = None,
 ) -> list[DataFile]:
     """One Puffin file holding a deletion vector for each data file of ``positions`` (format v3).
 
     Returns one delete file entry per DV (they share the Puffin file's path, each with its
     blob's ``content_offset`` and ``content_size_in_bytes``), in ``positions``' order. A data
     file may have one DV at most: committing one for a file that has a DV needs the old one
-    removed in the same commit, which :func:`commit_delete_files` does not do.
+    removed in the same commit, which :func:`commit_delete_files` does not do. The file is
+    written at ``path`` (default: a new data location), ``on_create(path)`` called first.
     """
-    path = table.location_provider().new_data_location(f"dv-{uuid.uuid4().hex}.puffin")
+    if path is None:
+        path = table.location_provider().new_data_location(f"dv-{uuid.uuid4().hex}.puffin")
+    if on_create is not None:
+        on_create(path)
     body, blobs, entries = bytearray(PUFFIN_MAGIC), [], []
     for data_file, deleted in positions.items():
         unique = sorted(set(deleted))

@@ -16,7 +16,7 @@ import threading
 import uuid
 import warnings
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -197,6 +197,35 @@ def read_data_file(
     if not lineage:
         return batches
     return _with_lineage(batches, data_file, positional_deletes, lineage_sequence_number)
+
+
+def read_columns(
+    io: FileIO, metadata: TableMetadata, data_file: DataFile, field_ids: Sequence[int]
+) -> Iterator[pa.RecordBatch]:
+    """Stream the columns ``field_ids`` (top-level columns of the current schema) of every row
+    of one data file, in file order, deleted rows included.
+
+    Only those columns are read. They are projected as :func:`read_data_file` projects them: by
+    field id (or the table's name mapping), promoted to the current type, a column the file
+    lacks filled per the spec's projection rules (an identity partition's value, else null),
+    and named as in the current schema.
+    """
+    table_schema = metadata.schema()
+    schema = Schema(*[table_schema.find_field(field_id) for field_id in field_ids])
+    return _task_to_record_batches(
+        io,
+        FileScanTask(data_file),
+        bind(schema, AlwaysTrue(), case_sensitive=True),
+        schema,
+        schema,
+        set(field_ids),
+        None,
+        True,
+        metadata.name_mapping(),
+        metadata.specs().get(data_file.spec_id),
+        metadata.format_version,
+        None,
+    )
 
 
 def _with_lineage(

@@ -6,7 +6,8 @@ Python's ``==``, pyiceberg's ``Record`` equality (``Record(nan) != Record(nan)``
 ``Record(-0.0) == Record(0.0)``) and Arrow's IEEE comparisons (``pc.not_equal``, hash joins on
 float columns) say otherwise. Partition tuples and equality-delete keys are therefore compared
 through the keys made here: :func:`partition_key` for partition records, :func:`canonical_array`
-for Arrow columns.
+for Arrow columns. :func:`partition_sort_key` orders partition tuples as Java orders them (nulls
+first, -0.0 before 0.0, NaN last), for writing manifests clustered by partition.
 """
 
 from __future__ import annotations
@@ -89,3 +90,35 @@ def canonical_array(array: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedA
     if isinstance(array, pa.ChunkedArray):
         return pa.chunked_array([canonical_array(chunk) for chunk in array.chunks], width)
     return pc.if_else(pc.is_nan(array), pa.scalar(nan, width), array.view(width))
+
+
+def value_sort_key(value: Any) -> tuple[Any, ...]:
+    """A sort key of one partition value, ordered as Java orders them: null first, floats by
+    ``Double.compare`` (-0.0 before 0.0, every NaN last and equal), uuids by their bytes.
+
+    Keys of values of different types never compare their values (the type ranks first).
+    """
+    if value is None:
+        return (0,)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return (1, 0, 1)
+        return (1, 0, 0, value, not math.copysign(1.0, value) < 0)
+    if isinstance(value, uuid.UUID):
+        return (1, 1, value.bytes)
+    if isinstance(value, Record):
+        return (1, 2, partition_sort_key(value))
+    if isinstance(value, bool):
+        return (1, 3, value)
+    if isinstance(value, bytes | bytearray):
+        return (1, 4, bytes(value))
+    if isinstance(value, str):
+        return (1, 5, value)
+    return (1, 6, type(value).__name__, value)
+
+
+def partition_sort_key(partition: Record | None) -> tuple[tuple[Any, ...], ...]:
+    """A sort key of a partition tuple: field by field, as :func:`value_sort_key`."""
+    if partition is None:
+        return ()
+    return tuple(value_sort_key(partition[i]) for i in range(len(partition)))

@@ -1,9 +1,14 @@
-"""Rewrite position delete files: merge each partition's into one, drop dangling rows.
+"""Rewrite delete files: convert equality deletes, merge each partition's position deletes into
+one, drop dangling rows.
 
-Iceberg Java's ``rewrite_position_delete_files`` with remove-dangling-deletes, for format-v2
-tables, composed of the same stages as a compaction run (:mod:`compactor.compaction`): inside
-one :class:`~compactor.commit.run_scope.RunScope` (lease, run record, intent files, clean-up
-unless a commit is in doubt), :func:`~compactor.planning.delete_groups.plan_delete_rewrite`
+Inside one :class:`~compactor.commit.run_scope.RunScope` (lease, run record, intent files,
+clean-up unless a commit is in doubt): first the equality deletes are converted into position
+deletes (deletion vectors on format 3, where nothing else is done) by reading the key columns
+of the data files they apply to (:mod:`compactor.maintain.delete_conversion`, one ``replace``
+snapshot); then, on format 2, Iceberg Java's
+``rewrite_position_delete_files`` with remove-dangling-deletes, composed of the same stages as
+a compaction run (:mod:`compactor.compaction`):
+:func:`~compactor.planning.delete_groups.plan_delete_rewrite`
 groups the current snapshot's position delete files by (spec id, partition),
 :func:`~compactor.rewrite.position_deletes.rewrite_delete_group` keeps each group's rows that
 still apply to a live data file and writes them into new files (``compactor-<run id>-...``,
@@ -21,12 +26,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from pyiceberg.expressions import BooleanExpression
 from pyiceberg.table import Table
 
 from compactor.commit.delete_commit import DeleteCommitOutcome, commit_delete_rewrite
 from compactor.commit.inflight import LeaseHeldError, PendingCommit
 from compactor.commit.run_scope import RunScope, new_run_id
 from compactor.errors import UnsupportedTableError
+from compactor.maintain import delete_conversion
+from compactor.maintain.delete_conversion import EqualityConversionResult
 from compactor.options.defaults import DEFAULT_LEASE_TTL_S
 from compactor.options.maintenance import delete_target_file_size
 from compactor.planning.delete_groups import (
@@ -79,6 +87,8 @@ class DeleteRewriteResult:
     attempts: int = 0
     duration_s: float = 0.0
     backed_off: str | None = None  # why the run did not start: another run holds the table
+    # The conversion of equality deletes that ran first (None: not asked for).
+    equality_conversion: EqualityConversionResult | None = None
 
     @property
     def _done(self) -> list[RewrittenDeleteGroup]:
@@ -136,7 +146,17 @@ class DeleteRewriteResult:
             "attempts": self.attempts,
             "backed_off": self.backed_off,
             "duration_ms": round(self.duration_s * 1000),
+            "equality_conversion": (
+                None if self.equality_conversion is None else self.equality_conversion.to_dict()
+            ),
         }
+
+    @property
+    def changed(self) -> bool:
+        """Whether a snapshot was committed (or, dry run, would be)."""
+        conversion = self.equality_conversion
+        converted = conversion is not None and bool(conversion.equality_delete_files_converted)
+        return bool(self.files_removed) or converted
 
 
 def rewrite_position_deletes(
@@ -148,15 +168,23 @@ def rewrite_position_deletes(
     where: str | None = None,
     lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
     run_id: str | None = None,
+    convert_equality_deletes: bool = True,
 ) -> DeleteRewriteResult:
-    """Rewrite the position delete files of ``table``'s current snapshot, partition by partition.
+    """Rewrite the delete files of ``table``'s current snapshot, partition by partition.
+
+    With ``convert_equality_deletes``, equality deletes are first converted into position
+    deletes (one snapshot, ``result.equality_conversion``), reading only the key columns of the
+    data files they apply to; then the position delete files, those just written included, are
+    rewritten (one more snapshot).
 
     ``target_file_size`` (default: the table's ``write.delete.target-file-size-bytes``, else
     64 MiB) is where a new delete file rolls over; ``where`` limits the rewrite to the
     partitions a row filter may touch (partition values only: a delete file is never split).
-    ``dry_run`` reads the delete files and reports what would change, writing nothing.
+    ``dry_run`` reads the position delete files and plans the conversion, writing nothing.
 
-    Raises :class:`UnsupportedTableError` for format version 3 (deletion vectors),
+    On format version 3 the equality deletes become deletion vectors and deletion vectors are
+    not compacted. Raises :class:`UnsupportedTableError` for a format-3 table without equality
+    deletes to convert (or with ``convert_equality_deletes`` off),
     :class:`CommitStateUnknownError` when the catalog cannot tell whether the commit landed
     (every file is kept for the next run), :class:`DataFileError` for an unreadable delete file.
     Partitions refused because of a concurrent commit are reported in ``result.conflicts``;
@@ -164,22 +192,30 @@ def rewrite_position_deletes(
     """
     started = time.monotonic()
     metadata = table.metadata
-    if metadata.format_version > 2:
+    deletion_vectors = metadata.format_version > 2
+    if deletion_vectors and not (convert_equality_deletes and _has_equality_deletes(table)):
         raise UnsupportedTableError(
             f"table {identifier}: format version {metadata.format_version} keeps position "
             "deletes as deletion vectors (one per data file), which rewrite-deletes does not "
-            "merge; `compactor run` applies them and removes them with the files it rewrites"
+            "merge; `compactor run` applies them and removes them with the files it rewrites "
+            "(rewrite-deletes only converts equality deletes there, and the table has none)"
         )
     target = delete_target_file_size(table.metadata.properties, target_file_size)
     row_filter = parse_where(table, where)
     run_id = run_id or new_run_id()
     if dry_run:
-        plan = plan_delete_rewrite(table, row_filter)
+        conversion = (
+            delete_conversion.plan_conversion(table, identifier, row_filter)
+            if convert_equality_deletes
+            else None
+        )
+        plan = _position_plan(table, row_filter, deletion_vectors)
         rewritten = [
             rewrite_delete_group(table, identifier, group, plan.live, target, None)
             for group in plan.groups
         ]
         result = _result(identifier, run_id, True, target, plan, rewritten, None)
+        result.equality_conversion = conversion
         return replace(
             result,
             delete_files_after=_predicted_after(result),
@@ -188,7 +224,12 @@ def rewrite_position_deletes(
 
     try:
         with RunScope(table, run_id, lease_ttl_s) as scope:
-            plan = plan_delete_rewrite(table, row_filter)
+            conversion = None
+            if convert_equality_deletes:
+                conversion = delete_conversion.convert_equality_deletes(
+                    table, identifier, row_filter, target, scope
+                )
+            plan = _position_plan(table, row_filter, deletion_vectors)  # after the conversion
             scope.start_writing()
             rewritten = [
                 rewrite_delete_group(table, identifier, group, plan.live, target, run_id)
@@ -208,8 +249,7 @@ def rewrite_position_deletes(
                         journal=scope.journal,
                     )
                     scope.keep(d.file_path for g in outcome.committed for d in g.outputs)
-            committed = outcome is not None and outcome.snapshot_id is not None
-            after = count_delete_files(table) if committed else dict(plan.delete_files)
+            after = count_delete_files(table) if outcome is not None else dict(plan.delete_files)
     except LeaseHeldError as exc:  # nothing done: say why, as `compactor run` does
         return DeleteRewriteResult(
             identifier,
@@ -219,12 +259,45 @@ def rewrite_position_deletes(
             backed_off=str(exc),
             duration_s=time.monotonic() - started,
         )
-    return replace(
+    result = replace(
         _result(identifier, run_id, False, target, plan, rewritten, outcome),
         delete_files_after=after,
         recovered_files=scope.recovered,
         commits_in_doubt=scope.in_doubt,
         duration_s=time.monotonic() - started,
+        equality_conversion=conversion,
+    )
+    if conversion is not None and conversion.plan.snapshot_id is not None:
+        # Planned, and delete files counted, before the conversion.
+        result.start_snapshot_id = conversion.plan.snapshot_id
+        result.delete_files_before = dict(conversion.plan.delete_files)
+        if result.snapshot_id is None:
+            result.snapshot_id = conversion.snapshot_id
+    return result
+
+
+def _has_equality_deletes(table: Table) -> bool:
+    """Whether the current snapshot has equality deletes: by its summary's total when it has
+    one (no manifest read), else by its delete manifests."""
+    snapshot = table.current_snapshot()
+    if snapshot is None:
+        return False
+    total = snapshot.summary.get("total-equality-deletes") if snapshot.summary else None
+    if total is not None:
+        return int(total) > 0
+    return count_delete_files(table)["equality"] > 0
+
+
+def _position_plan(
+    table: Table, row_filter: BooleanExpression, deletion_vectors: bool
+) -> DeletePlan:
+    """The position deletes to rewrite; none where they are deletion vectors (format 3)."""
+    if not deletion_vectors:
+        return plan_delete_rewrite(table, row_filter)
+    snapshot = table.current_snapshot()
+    return DeletePlan(
+        snapshot_id=snapshot.snapshot_id if snapshot else None,
+        delete_files=count_delete_files(table),
     )
 
 
@@ -261,6 +334,10 @@ def _result(
 
 
 def _predicted_after(result: DeleteRewriteResult) -> dict[str, int]:
+    """The delete files after a run, as a dry run predicts them (the conversion's position
+    delete files are not known until key columns are read: not counted)."""
     after = Counter(result.delete_files_before)
     after["position"] += result.files_added - result.files_removed
+    if result.equality_conversion is not None:
+        after["equality"] -= result.equality_conversion.equality_delete_files_converted
     return dict(after)

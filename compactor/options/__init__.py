@@ -4,7 +4,8 @@
 - :mod:`~compactor.options.compact`: a compaction's options (:class:`CompactOptions`) and their
   resolution into the planner's, the executor's and the committer's parts
   (:func:`resolve_options` -> :class:`RewriteOptions`);
-- :mod:`~compactor.options.maintenance`: expiry, orphan removal and delete rewriting;
+- :mod:`~compactor.options.maintenance`: expiry, orphan removal, delete and manifest
+  rewriting;
 - :mod:`~compactor.options.fields`: the checked field types the models share.
 """
 
@@ -16,7 +17,12 @@ from compactor.options.compact import (
     RewriteOptions,
     resolve_options,
 )
-from compactor.options.maintenance import ExpireOptions, OrphansOptions, RewriteDeletesOptions
+from compactor.options.maintenance import (
+    ExpireOptions,
+    OrphansOptions,
+    RewriteDeletesOptions,
+    RewriteManifestsOptions,
+)
 
 __all__ = [
     "CommitOptions",
@@ -26,6 +32,7 @@ __all__ = [
     "OrphansOptions",
     "PlanOptions",
     "RewriteDeletesOptions",
+    "RewriteManifestsOptions",
     "RewriteOptions",
     "resolve_options",
 ]

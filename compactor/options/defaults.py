@@ -43,8 +43,9 @@ MIN_FILE_REDUCTION_FOR_GROWTH = 2
 # Memory: a run aims to keep its process's resident memory under --memory-limit. Past a fixed
 # allowance for the interpreter and libraries, each worker costs a fixed overhead plus three
 # equal shares (ClickHouse's S3 insert guide: buffer ~ limit / (3 x workers)): rows read ahead
-# of the writer, the row group being filled (an in-memory budget: at most the table's
-# row-group size), and room for decoding and encoding.
+# of the writer, the rows of the row group being filled (pyarrow writes a row group from rows all
+# in memory: this caps it before the table's row-group size, which counts written bytes, unless
+# the limit is large), and room for decoding and encoding.
 DEFAULT_MEMORY_LIMIT = 384 * MiB
 PROCESS_ALLOWANCE = 160 * MiB
 # A worker's cost beyond its shares: the Parquet reader's and writer's per-column state and
@@ -92,3 +93,15 @@ MIN_ORPHAN_AGE_MS = DAY_MS
 DEFAULT_MIN_SMALL_FILES = 12
 DEFAULT_MIN_DELETE_FILES = 8
 DEFAULT_COOLDOWN = "15m"
+
+# Manifests: a manifest rewrite writes manifests of about this size (Iceberg's
+# commit.manifest.target-size-bytes, default 8 MB). A group of manifests (one content, one spec)
+# is rewritten when it has more manifests than its bytes fill at MIN_MANIFEST_FILL of the target
+# each, when one of more than one entry is over MAX_MANIFEST_FILL of the target, or when their
+# partition ranges overlap.
+DEFAULT_TARGET_MANIFEST_SIZE = 8 * MiB
+MIN_MANIFEST_FILL = 0.8
+MAX_MANIFEST_FILL = 1.5
+# The daemon's trigger: rewrite a table's manifests once it has this many (Iceberg's
+# commit.manifest.min-count-to-merge), then rest for the cool-down.
+DEFAULT_MIN_MANIFESTS = 100

@@ -1,5 +1,5 @@
 """The options of the maintenance actions, declared once each: snapshot expiry, orphan removal
-and position-delete rewriting.
+and delete-file rewriting.
 
 The library, the command line (one flag per field) and job-file sections all take these
 models; a field's default and help are written here only.
@@ -12,7 +12,11 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field
 
 from compactor.errors import UsageError
-from compactor.options.defaults import DEFAULT_DELETE_TARGET_FILE_SIZE, DEFAULT_ORPHAN_AGE
+from compactor.options.defaults import (
+    DEFAULT_DELETE_TARGET_FILE_SIZE,
+    DEFAULT_ORPHAN_AGE,
+    DEFAULT_TARGET_MANIFEST_SIZE,
+)
 from compactor.options.fields import Cutoff, Filter, Flag, Size
 from compactor.sizes import parse_size
 
@@ -61,7 +65,8 @@ class OrphansOptions(_Options):
 
 
 class RewriteDeletesOptions(_Options):
-    """Position-delete rewriting (``compactor rewrite-deletes``, ``[rewrite_deletes]``)."""
+    """Delete-file rewriting (``compactor rewrite-deletes``, ``[rewrite_deletes]``): equality
+    deletes converted, position deletes compacted."""
 
     target_file_size: Size | None = Field(
         None,
@@ -70,6 +75,12 @@ class RewriteDeletesOptions(_Options):
     )
     where: Filter | None = Field(
         None, description="Only partitions this row filter can match, e.g. \"region = 'eu'\"."
+    )
+    convert_equality_deletes: bool = Field(
+        True,
+        description="First convert equality deletes into position deletes, reading only the "
+        "key columns of the data files they apply to (no data file is rewritten). "
+        "--no-convert-equality-deletes leaves them as they are.",
     )
 
 
@@ -84,4 +95,36 @@ def delete_target_file_size(properties: dict[str, str], given: int | str | None)
     size = parse_size(given, setting)
     if size <= 0:
         raise UsageError(f"{setting}: must be positive, got {given!r}", "target_file_size")
+    return size
+
+
+MANIFEST_TARGET_SIZE_PROPERTY = "commit.manifest.target-size-bytes"
+
+
+class RewriteManifestsOptions(_Options):
+    """Manifest rewriting (``compactor rewrite-manifests``, ``[rewrite_manifests]``)."""
+
+    spec_id: int | None = Field(
+        None,
+        ge=0,
+        description="Only rewrite the manifests of this partition spec. Default: every spec's.",
+    )
+    target_manifest_size: Size | None = Field(
+        None,
+        description="Size of the manifests written. Default: the table's "
+        "commit.manifest.target-size-bytes, else 8MiB.",
+    )
+
+
+def target_manifest_size(properties: dict[str, str], given: int | str | None) -> int:
+    """The size rewritten manifests aim at: ``given``, else the table's
+    ``commit.manifest.target-size-bytes``, else 8 MiB."""
+    if given is None:
+        given = properties.get(MANIFEST_TARGET_SIZE_PROPERTY, DEFAULT_TARGET_MANIFEST_SIZE)
+        setting = MANIFEST_TARGET_SIZE_PROPERTY
+    else:
+        setting = "target_manifest_size"
+    size = parse_size(given, setting)
+    if size <= 0:
+        raise UsageError(f"{setting}: must be positive, got {given!r}", "target_manifest_size")
     return size

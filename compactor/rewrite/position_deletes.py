@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestEntry
 from pyiceberg.table import Table
+from pyiceberg.typedef import Record
 
 from compactor.errors import CompactorError, DataFileError, first_line
 from compactor.iceberg.pyiceberg_compat import (
@@ -172,21 +173,45 @@ def _write_delete_files(
     target_file_size: int,
 ) -> list[DataFile]:
     """Write sorted ``rows`` into Parquet position delete files rolling at the target size."""
+    return write_position_deletes(
+        table,
+        group.spec_id,
+        group.partition,
+        rows,
+        f"compactor-{run_id}-d{group.group_id:04d}",
+        on_create,
+        target_file_size,
+        # On-disk bytes per row: from the inputs until the first row group tells.
+        bytes_per_row=group.input_bytes / max(group.rows_read, 1),
+    )
+
+
+def write_position_deletes(
+    table: Table,
+    spec_id: int,
+    partition: Record,
+    rows: pa.Table,
+    prefix: str,
+    on_create: Callable[[str], None],
+    target_file_size: int,
+    bytes_per_row: float,
+) -> list[DataFile]:
+    """Write ``rows`` (``file_path``, ``pos``; sorted and unique, as the spec asks) into Parquet
+    position delete files of ``partition`` rolling at ``target_file_size``, named from
+    ``prefix``; ``on_create(path)`` is called before each file is created. ``bytes_per_row``
+    sizes the first row group, until it tells the real size."""
     metadata = table.metadata
     file_schema, arrow_schema = position_delete_schema()
-    rows = rows.cast(arrow_schema)
+    rows = rows.select(["file_path", "pos"]).cast(arrow_schema)
     kwargs = parquet_writer_kwargs(metadata.properties)
     locations = table.location_provider()
-    prefix = f"compactor-{run_id}-d{group.group_id:04d}"
     outputs: list[DataFile] = []
     offset, counter = 0, 0
-    # On-disk bytes per row: from the inputs until the first row group tells.
-    bytes_per_row = group.input_bytes / max(group.rows_read, 1)
     while offset < rows.num_rows:
         first_row = offset
         name = output_file_name(prefix, counter, "-deletes")
         counter += 1
-        path = output_location(metadata, locations, group.spec_id, group.partition, name)
+        path = output_location(metadata, locations, spec_id, partition, name)
         on_create(path)
         with table.io.new_output(path).create(overwrite=False) as stream:
             parquet = pq.ParquetWriter(stream, schema=arrow_schema, **kwargs)
@@ -211,13 +236,13 @@ def _write_delete_files(
             content=DataFileContent.POSITION_DELETES,
             file_path=path,
             file_format=FileFormat.PARQUET,
-            partition=group.partition,
+            partition=partition,
             file_size_in_bytes=size,
             sort_order_id=None,
             equality_ids=None,
             key_metadata=None,
             **stats,
         )
-        delete_file.spec_id = group.spec_id
+        delete_file.spec_id = spec_id
         outputs.append(delete_file)
     return outputs

@@ -17,6 +17,7 @@ from compactor.daemon.jobfiles import (
     ExpireAction,
     OrphansAction,
     RewriteDeletesAction,
+    RewriteManifestsAction,
     Schedule,
 )
 from compactor.options import (
@@ -24,6 +25,7 @@ from compactor.options import (
     ExpireOptions,
     OrphansOptions,
     RewriteDeletesOptions,
+    RewriteManifestsOptions,
     defaults,
 )
 
@@ -42,10 +44,16 @@ COMMANDS = {
         set(RewriteDeletesOptions.model_fields),
         {"dry_run"},
     ),
+    "rewrite-manifests": (
+        RewriteManifestsOptions,
+        set(RewriteManifestsOptions.model_fields),
+        {"dry_run"},
+    ),
 }
 SECTIONS: list[tuple[type[BaseModel], type[BaseModel], set[str]]] = [
     (CompactAction, CompactOptions, {"min_small_files", "min_small_bytes"}),
     (RewriteDeletesAction, RewriteDeletesOptions, set()),
+    (RewriteManifestsAction, RewriteManifestsOptions, {"min_manifests", "max_average_entries"}),
     (ExpireAction, ExpireOptions, {"on_table_globs"}),
     (OrphansAction, OrphansOptions, {"on_table_globs"}),
 ]
