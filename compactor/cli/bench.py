@@ -47,6 +47,15 @@ OutOpt = Annotated[
     Path, typer.Option(help="Directory for report.json, report.md (and chart.png for queries).")
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Also print report.json on stdout.")]
+# The tiny files of the planning and manifest benchmarks.
+RowsPerFileOpt = Annotated[int, typer.Option(help="Rows of store_sales in each file.")]
+TinyScaleFactorOpt = Annotated[
+    float,
+    typer.Option(
+        help="TPC-DS scale factor of the store_sales rows the files take (in turn, starting "
+        "again when they run out)."
+    ),
+]
 # What the bench extra brings beyond compactor's own dependencies (checked before a benchmark
 # starts, not when its report is drawn at the end).
 BENCH_EXTRA_MODULES = ("duckdb_extension_tpcds", "duckdb_extension_httpfs", "matplotlib", "moto")
@@ -386,14 +395,8 @@ def plan(
     commits: Annotated[
         int, typer.Option(help="Commits (fast appends) they are spread over, equally.")
     ] = 1_000,
-    rows_per_file: Annotated[int, typer.Option(help="Rows of store_sales in each file.")] = 10,
-    scale_factor: Annotated[
-        float,
-        typer.Option(
-            help="TPC-DS scale factor of the store_sales rows the files take (in turn, "
-            "starting again when they run out)."
-        ),
-    ] = 0.01,
+    rows_per_file: RowsPerFileOpt = 10,
+    scale_factor: TinyScaleFactorOpt = 0.01,
     repetitions: Annotated[
         int,
         typer.Option(help="Planning runs, each in a fresh process; the median is reported."),
@@ -437,14 +440,8 @@ def manifests(
     commits: Annotated[
         int, typer.Option(help="Fast appends of one file each: the manifests before.")
     ] = 5_000,
-    rows_per_file: Annotated[int, typer.Option(help="Rows of store_sales in each file.")] = 10,
-    scale_factor: Annotated[
-        float,
-        typer.Option(
-            help="TPC-DS scale factor of the store_sales rows the files take (in turn, "
-            "starting again when they run out)."
-        ),
-    ] = 0.01,
+    rows_per_file: RowsPerFileOpt = 10,
+    scale_factor: TinyScaleFactorOpt = 0.01,
     repetitions: Annotated[
         int,
         typer.Option(help="Scan plannings before and after, each in a fresh process (median)."),
