@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "compactor needs Python 3.11+ (set PYTHON=...)")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,s3,bench,ray,postgres]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,s3,bench,ray,postgres,hive]'
 	touch $(STAMP)
 
 venv: $(STAMP)  ## create .venv and install compactor with every extra

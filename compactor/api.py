@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pyiceberg.catalog import Catalog
@@ -29,13 +29,19 @@ from compactor.execute.executors import Executor
 from compactor.iceberg import pyiceberg_compat
 from compactor.iceberg.catalogs import identifier_of
 from compactor.maintain import delete_rewrite, expire, manifests, orphans
-from compactor.options.compact import RewriteOptions, resolve_options
+from compactor.options.compact import CompactOptions, RewriteOptions, resolve_options
 from compactor.options.fields import Model, parse_options
 from compactor.options.maintenance import (
     ExpireOptions,
     OrphansOptions,
     RewriteDeletesOptions,
     RewriteManifestsOptions,
+)
+from compactor.options.table_properties import (
+    check_enabled,
+    paused_actions,
+    property_options,
+    setting_sources,
 )
 from compactor.planning.health import TableHealth, table_health
 from compactor.planning.manifest_groups import ManifestStats, manifest_stats
@@ -45,17 +51,27 @@ from compactor.planning.planner import Plan, plan_rewrite
 def options_for(
     table: Table, options: RewriteOptions | None, overrides: dict[str, Any]
 ) -> RewriteOptions:
-    """``options`` as given, or resolved from ``overrides`` over the table's properties."""
+    """``options`` as given, or resolved from ``overrides`` over the table's ``compactor.compact.*``
+    properties (:mod:`~compactor.options.table_properties`) and its other properties."""
     _one_of(options, overrides)
     if options is None:
-        return resolve_options(identifier_of(table), table.metadata.properties, **overrides)
+        identifier, properties = identifier_of(table), table.metadata.properties
+        set_by_table = property_options(identifier, properties, "compact", CompactOptions)
+        return resolve_options(identifier, properties, **{**set_by_table, **overrides})
     return options
 
 
-def model_for(model: type[Model], options: Model | None, overrides: dict[str, Any]) -> Model:
-    """``options`` as given (a job section is one), or the model of the option keywords."""
+def model_for(
+    table: Table, action: str, model: type[Model], options: Model | None, overrides: dict[str, Any]
+) -> Model:
+    """``options`` as given (a job section is one, its values under the table's
+    ``compactor.<action>.*`` properties), or the model of the option keywords over them."""
     _one_of(options, overrides)
-    return parse_options(model, overrides) if options is None else options
+    identifier, properties = identifier_of(table), table.metadata.properties
+    set_by_table = property_options(identifier, properties, action, model)
+    if options is None:
+        return parse_options(model, {**set_by_table, **overrides})
+    return options.model_copy(update=set_by_table)
 
 
 def _one_of(options: object, overrides: dict[str, Any]) -> None:
@@ -96,6 +112,7 @@ def compact(
     ``--json`` output of ``compactor run``.
     """
     pyiceberg_compat.install()
+    check_enabled(identifier_of(table), table.metadata.properties, "compact")
     resolved = options_for(table, options, option_overrides)
     try:
         return compaction.compact_table(
@@ -121,6 +138,9 @@ class Inspection:
     commits_in_doubt: list[CommitInDoubt]
     warnings: tuple[str, ...] = ()
     manifests: ManifestStats | None = None  # the current manifest list's manifests
+    # Compaction's options not at their default: option -> (value, where it came from).
+    settings: dict[str, tuple[Any, str]] = field(default_factory=dict)
+    paused: list[str] = field(default_factory=list)  # actions the table's properties pause
 
     def to_dict(self) -> dict[str, Any]:
         """The ``--json`` output of ``compactor inspect``."""
@@ -129,6 +149,11 @@ class Inspection:
             **(self.manifests.to_dict() if self.manifests is not None else {}),
             "unreadable_files": self.unreadable_files,
             "commits_in_doubt": [c.to_dict() for c in self.commits_in_doubt],
+            "settings": [
+                {"option": name, "value": str(value), "source": source}
+                for name, (value, source) in sorted(self.settings.items())
+            ],
+            "paused": self.paused,
         }
 
 
@@ -145,12 +170,15 @@ def inspect(
         resolved.plan.target_file_size,
         resolved.plan.min_input_files,
     )
+    identifier, properties = identifier_of(table), table.metadata.properties
     return Inspection(
         health,
         compaction.last_unreadable_files(table),
         in_doubt_report(table),
         resolved.warnings,
         manifest_stats(table),
+        setting_sources(identifier, properties, "compact", CompactOptions, option_overrides),
+        paused_actions(identifier, properties),
     )
 
 
@@ -172,7 +200,8 @@ def expire_snapshots(
     that no other table's files are deleted.
     """
     pyiceberg_compat.install()
-    given = model_for(ExpireOptions, options, option_overrides)
+    check_enabled(identifier_of(table), table.metadata.properties, "expire")
+    given = model_for(table, "expire", ExpireOptions, options, option_overrides)
     identifier = identifier_of(table)
     now_ms = int(time.time() * 1000)
     policy = expire.retention_policy(
@@ -204,7 +233,8 @@ def remove_orphans(
     ``"data/region=eu"``).
     """
     pyiceberg_compat.install()
-    given = model_for(OrphansOptions, options, option_overrides)
+    check_enabled(identifier_of(table), table.metadata.properties, "orphans")
+    given = model_for(table, "orphans", OrphansOptions, options, option_overrides)
     now_ms = int(time.time() * 1000)
     cutoff = orphans.orphan_cutoff(
         given.older_than, now_ms, allow_short=given.allow_short_older_than
@@ -231,7 +261,8 @@ def rewrite_deletes(
     position-delete files per partition, dropping rows and files that apply to no live data
     file (``compactor rewrite-deletes``; Java's ``rewrite_position_delete_files``)."""
     pyiceberg_compat.install()
-    given = model_for(RewriteDeletesOptions, options, option_overrides)
+    check_enabled(identifier_of(table), table.metadata.properties, "rewrite-deletes")
+    given = model_for(table, "rewrite-deletes", RewriteDeletesOptions, options, option_overrides)
     return delete_rewrite.rewrite_position_deletes(
         table,
         identifier_of(table),
@@ -256,7 +287,10 @@ def rewrite_manifests(
     manifests already in order are left alone; like ``compact``, it does nothing while another
     live run holds the table, and ``backed_off`` says why."""
     pyiceberg_compat.install()
-    given = model_for(RewriteManifestsOptions, options, option_overrides)
+    check_enabled(identifier_of(table), table.metadata.properties, "rewrite-manifests")
+    given = model_for(
+        table, "rewrite-manifests", RewriteManifestsOptions, options, option_overrides
+    )
     return manifests.rewrite_manifests(
         table,
         identifier_of(table),

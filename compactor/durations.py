@@ -44,6 +44,11 @@ def parse_cutoff(text: str, setting: str, now_ms: int) -> int:
     return int(moment.timestamp() * 1000)
 
 
+def epoch_ms(at: float | None) -> int | None:
+    """A time in epoch seconds as integer epoch milliseconds, the unit of all ``--json`` times."""
+    return None if at is None else round(at * 1000)
+
+
 def format_duration(ms: int) -> str:
     """``432000000`` -> ``5d``; the largest unit that divides it, else hours with a fraction."""
     for unit in ("w", "d", "h", "m", "s"):

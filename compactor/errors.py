@@ -111,6 +111,28 @@ def file_error(kind: str, path: str, exc: BaseException) -> DataFileError:
     return DataFileError(f"{kind} file {path}: {text}")
 
 
+# What local storage and object stores say when a write is refused for good.
+NOT_WRITABLE_MARKERS = (
+    "Read-only file system",
+    "Permission denied",
+    "AccessDenied",
+    "Access Denied",
+)
+
+
+class StorageNotWritableError(CompactorError):
+    """The table's storage refuses writes: nothing was written."""
+
+
+def not_writable_error(table: str, exc: BaseException) -> CompactorError | None:
+    """A :class:`StorageNotWritableError` naming ``table`` when ``exc``, raised writing one of its
+    files, says its storage refuses writes; None otherwise."""
+    text = first_line(exc)
+    if isinstance(exc, PermissionError) or any(m in text for m in NOT_WRITABLE_MARKERS):
+        return StorageNotWritableError(f"table {table}: its storage is not writable: {text}")
+    return None
+
+
 class CommitConflictError(CompactorError):
     """A concurrent commit makes this rewrite unsafe; nothing was committed."""
 

@@ -24,7 +24,12 @@ SECRET_NAME = re.compile(
     r"secret|password|passwd|token|credential|access[-_.]?key|session|private[-_.]?key",
     re.IGNORECASE,
 )
-SECRET_ENVIRONMENT = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+SECRET_ENVIRONMENT = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "RAY_AUTH_TOKEN",  # a Ray cluster's token: whoever has it runs code on the cluster
+)
 SECRET_SHAPES = (
     # AWS access key ids (long-term AKIA, temporary ASIA, ...).
     (re.compile(r"\b(?:AKIA|ASIA|AIDA|AROA|ANPA)[A-Z0-9]{12,}\b"), MASK),
@@ -63,7 +68,7 @@ def register_secrets(properties: Mapping[str, Any]) -> None:
 
 
 def register_environment() -> None:
-    """Remember the AWS credentials in this process's environment."""
+    """Remember the credentials in this process's environment (AWS, Ray)."""
     _add({os.environ[name] for name in SECRET_ENVIRONMENT if os.environ.get(name)})
 
 

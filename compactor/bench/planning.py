@@ -6,7 +6,10 @@ rows each, over ``--commits`` fast-append commits, built as fast as this machine
 - every file is its own Parquet file, written with the table's codec and the Iceberg field
   ids, its column metrics (as pyiceberg computes them) in its manifest entry. Worker processes
   (one per core) write them; rows are taken in turn from the generated store_sales rows
-  (``--scale-factor``), starting again from the first when they run out;
+  (``--scale-factor``), starting again from the first when they run out. With
+  ``distinct_files`` set, only that many are written and the others are hard links to them in
+  turn (same bytes, same metrics): planning reads manifests only, and a million files then
+  build in minutes;
 - the commits are fast appends as pyiceberg's ``append`` leaves them (one manifest each, the
   parent's manifests carried over, sequence numbers, summaries), sent to the catalog
   :data:`~compactor.bench.tpcds.SNAPSHOTS_PER_CATALOG_COMMIT` snapshots at a time
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import os
 import statistics
 import time
 import uuid
@@ -30,6 +34,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +82,8 @@ class PlanParameters:
     repetitions: int
     target_file_size: str
     allow_small_target: bool
+    # Parquet files written; the others are hard links to them (None: every file written).
+    distinct_files: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dict(vars(self))
@@ -91,6 +98,7 @@ def plan_parameters(
     repetitions: int,
     target_file_size: str,
     allow_small_target: bool,
+    distinct_files: int | None = None,
 ) -> PlanParameters:
     """Checked ``bench plan`` options."""
     from compactor.options import resolve_options
@@ -99,6 +107,8 @@ def plan_parameters(
         raise UsageError(
             f"--files {files} --commits {commits}: need 1 <= commits <= files", "files", "commits"
         )
+    if distinct_files is not None and not 1 <= distinct_files <= files:
+        raise UsageError(f"distinct files {distinct_files}: need 1 <= distinct files <= files")
     if rows_per_file < 1 or repetitions < 1:
         raise UsageError("--rows-per-file and --repetitions must be 1 or more")
     if scale_factor <= 0:
@@ -114,6 +124,7 @@ def plan_parameters(
         repetitions=repetitions,
         target_file_size=target_file_size,
         allow_small_target=allow_small_target,
+        distinct_files=distinct_files,
     )
 
 
@@ -149,9 +160,13 @@ def _start_writer(source_path: str, schema_json: str, properties: dict[str, str]
     )
 
 
+# A file written: its name, size and metrics (pyiceberg's DataFile statistics).
+Written = tuple[str, int, dict[str, Any]]
+
+
 def write_files(
     first: int, count: int, rows_per_file: int, directory: str, prefix: str
-) -> list[tuple[str, int, dict[str, Any]]]:
+) -> list[Written]:
     """Write files ``first`` to ``first + count - 1`` into ``directory``: (name, size, metrics)."""
     assert _writer is not None, "the writer process was not started with _start_writer"
     source = _writer.source
@@ -236,22 +251,32 @@ def build_table(
     prefix = f"00000-{uuid.uuid4()}"
     per_commit = split_evenly(parameters.files, parameters.commits)
     rows_per_file = parameters.rows_per_file
+    distinct = parameters.distinct_files or parameters.files
     calls = (
-        (first, min(FILES_PER_TASK, parameters.files - first), rows_per_file, data_dir, prefix)
-        for first in range(0, parameters.files, FILES_PER_TASK)
+        (first, min(FILES_PER_TASK, distinct - first), rows_per_file, data_dir, prefix)
+        for first in range(0, distinct, FILES_PER_TASK)
     )
     workers = multiprocessing.cpu_count()
     written_bytes = 0
 
-    def appends(results: Iterator[list[tuple[str, int, dict[str, Any]]]]) -> Iterator[list[Any]]:
+    def every_file(results: Iterator[list[Written]]) -> Iterator[Written]:
+        """The written files, then hard links to them in turn up to ``parameters.files``."""
+        sources: list[Written] = []
+        for batch in results:
+            yield from batch
+            if distinct < parameters.files:
+                sources += batch
+        for number in range(distinct, parameters.files):
+            source, size, metrics = sources[number % distinct]
+            name = f"{prefix}-{number:07d}.parquet"
+            os.link(f"{data_dir}/{source}", f"{data_dir}/{name}")
+            yield name, size, metrics
+
+    def appends(files_written: Iterator[Written]) -> Iterator[list[Any]]:
         nonlocal written_bytes
-        ready: deque[tuple[str, int, dict[str, Any]]] = deque()
         for count in per_commit:
-            while len(ready) < count:
-                ready.extend(next(results))
             files = []
-            for _ in range(count):
-                name, size, metrics = ready.popleft()
+            for name, size, metrics in islice(files_written, count):
                 written_bytes += size
                 files.append(
                     DataFile.from_args(
@@ -281,7 +306,7 @@ def build_table(
     ):
         results = _ordered(pool, calls, window=2 * workers)
         table, catalog_commits = commit_appends(
-            table, appends(results), on_snapshot=lambda _: advance(1)
+            table, appends(every_file(results)), on_snapshot=lambda _: advance(1)
         )
     source_path.unlink()
     summary = table.current_snapshot().summary  # type: ignore[union-attr]
@@ -294,6 +319,7 @@ def build_table(
         "commits": len(table.metadata.snapshots),
         "catalog_commits": catalog_commits,
         "rows_per_file": parameters.rows_per_file,
+        "distinct_files": distinct,
         "writer_processes": workers,
         "seconds": round(time.monotonic() - started, 3),
     }

@@ -12,7 +12,7 @@ report.json, ``schema_version`` 1; every benchmark has:
 
 ``queries`` adds ``generation``, ``load``, ``queries``, ``totals``, ``compaction``,
 ``s3_requests``; ``rewrite`` adds ``input``, ``floor_1``, ``floor_2``, ``compactor``, ``ratios``,
-``fraction_of_floor``; ``plan`` adds ``table``, ``plan``, ``runs``, ``plan_seconds``; ``manifests`` adds ``table``,
+``fraction_of_floor`` (and, with ``--equality-deletes``, ``conversion``); ``plan`` adds ``table``, ``plan``, ``runs``, ``plan_seconds``; ``manifests`` adds ``table``,
 ``rewrite``, ``scan_before``, ``scan_after``, ``runs_before``, ``runs_after``.
 docs/benchmarks.md describes each field.
 """
@@ -256,7 +256,41 @@ def rewrite_markdown(report: dict[str, Any]) -> str:
             f"Note: {count(groups, 'group')} for parallelism "
             f"{comp['parallelism']}: groups are what run at once (see --max-group-size).",
         ]
+    if "conversion" in report:
+        lines += ["", *_remedies_lines(report["conversion"], comp)]
     return "\n".join(lines) + "\n"
+
+
+def _remedies_lines(conversion: dict[str, Any], comp: dict[str, Any]) -> list[str]:
+    """The two remedies of equality deletes, each from the same table: converting them, and
+    the rewrite above."""
+    header = ["remedy", "seconds", "CPU s", "MB read", "peak RSS (MB)", "CPU ÷ rewrite's"]
+    phases = (
+        ("convert (key columns only)", conversion, conversion["bytes_read"]),
+        ("rewrite (deletes applied)", comp, comp["input_bytes"]),
+    )
+    rows = [
+        [
+            name,
+            _num(r["seconds"], 2),
+            _num(r["cpu_seconds"], 1),
+            _mb(read),
+            _mb(r["peak_rss_bytes"]),
+            _times(r["cpu_seconds"] / comp["cpu_seconds"] if comp["cpu_seconds"] else None),
+        ]
+        for name, r, read in phases
+    ]
+    return [
+        "Equality deletes, two remedies (the conversion ran first, then the table was put "
+        "back on its snapshot before it):",
+        "",
+        *_table(header, rows),
+        f"The conversion read {count(conversion['data_files_read'], 'data file')}' key "
+        f"columns, matched {conversion['rows_matched']:,} rows and replaced "
+        f"{count(conversion['equality_delete_files_converted'], 'equality-delete file')} "
+        f"with {count(conversion['position_delete_files_written'] or 0, 'position-delete file')}"
+        f" and {count(conversion['deletion_vectors_written'] or 0, 'deletion vector')}.",
+    ]
 
 
 def plan_markdown(report: dict[str, Any]) -> str:
@@ -301,6 +335,28 @@ def plan_markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def storage_label(parameters: dict[str, Any]) -> str:
+    """Where a benchmark's tables were: ``local disk``, ``a local S3 server (30 ms a request)``,
+    ``S3 at https://...``."""
+    storage = parameters.get("storage", "local")
+    if storage == "local":
+        return "local disk"
+    if storage == "s3-local":
+        latency = parameters.get("s3_latency_ms") or 0
+        return "a local S3 server" + (f" ({latency:g} ms a request)" if latency else "")
+    endpoint = parameters.get("s3_endpoint")
+    return f"S3 at {endpoint}" if endpoint else "S3"
+
+
+def queries_chart_title(report: dict[str, Any]) -> str:
+    """The chart's title: what ran, where, and the total speed-up."""
+    p = report["parameters"]
+    return (
+        f"TPC-DS SF {p['scale_factor']} in DuckDB on {storage_label(p)}: before and after "
+        f"compaction (total {_num(report['totals']['speedup'], 2, 'x')})"
+    )
+
+
 def queries_chart(report: dict[str, Any], path: Path) -> None:
     """Grouped bars: median time per query before and after compaction."""
     import matplotlib
@@ -327,11 +383,7 @@ def queries_chart(report: dict[str, Any], path: Path) -> None:
     )
     ax.set_xticks(list(positions), labels)
     ax.set_ylabel("median time (s)")
-    p = report["parameters"]
-    ax.set_title(
-        f"TPC-DS SF {p['scale_factor']} in DuckDB: before and after compaction "
-        f"(total {_num(report['totals']['speedup'], 2, 'x')})"
-    )
+    ax.set_title(queries_chart_title(report))
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -22,9 +22,16 @@ peak RSS is the phase's own:
   the default executor through the Iceberg read path, commit), with ``--parallelism`` and
   ``--max-group-size`` when given.
 
+With ``--imported`` the loaded files are written again without field ids and registered as
+``add_files`` registers them, in a table of the same name (:mod:`compactor.bench.imported_table`):
+every phase reads the same rows, compactor through the table's name mapping.
+
 With ``--equality-deletes F`` a fraction F of store_sales' keys (``ss_item_sk``,
 ``ss_ticket_number``; every copy of each) is deleted by equality deletes committed after the
 data, as a CDC source leaves them: compactor applies them while rewriting (the floor does not).
+Before compactor's phase, a **conversion** phase (fresh process) converts them into position
+deletes as ``compactor rewrite-deletes`` does, reading only key columns; the table is then put
+back on its snapshot before the conversion, so both remedies start from the same table.
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ import pyarrow.parquet as pq
 from pyiceberg.table import Table
 from pyiceberg.typedef import Record
 
+from compactor.bench.imported_table import import_without_field_ids
 from compactor.bench.progress import Steps
 from compactor.bench.tpcds import (
     GENERATOR_FILE,
@@ -135,6 +143,7 @@ class RewriteParameters:
     parallelism: int | None = None
     max_group_size: str | None = None
     memory_limit: str | None = None
+    imported: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return dict(vars(self))
@@ -154,6 +163,7 @@ def rewrite_parameters(
     parallelism: int | None = None,
     max_group_size: str | None = None,
     memory_limit: str | None = None,
+    imported: bool = False,
 ) -> RewriteParameters:
     """``bench rewrite``'s options, a workload's preset filled in under the ones given.
 
@@ -231,6 +241,7 @@ def rewrite_parameters(
         parallelism=parallelism,
         max_group_size=max_group_size,
         memory_limit=memory_limit,
+        imported=imported,
     )
 
 
@@ -380,14 +391,50 @@ def compactor_phase(
         "memory_limit": options.execution.memory_limit,
         "records_written": sum(r.records_read for r in result.committed),
         "rows_deleted": sum(r.rows_deleted for r in result.committed),
+        "bulk_read_files": sum(r.bulk_read_files for r in result.committed),
+    }
+
+
+def conversion_phase(catalog_properties: dict[str, str]) -> dict[str, Any]:
+    """Convert the equality deletes of ``tpcds.store_sales`` into position deletes, as
+    ``compactor rewrite-deletes`` would: only the key columns of the data files are read."""
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    from compactor.api import rewrite_deletes
+    from compactor.bench.warehouse import CATALOG_NAME
+
+    table = SqlCatalog(CATALOG_NAME, **catalog_properties).load_table(f"{NAMESPACE}.{TABLE}")
+    usage = PhaseUsage()
+    result = rewrite_deletes(table)
+    seconds = usage.elapsed()
+    assert result.equality_conversion is not None
+    converted = result.equality_conversion.to_dict()
+    return {
+        "seconds": round(seconds, 3),
+        **usage.resources(),
+        "bytes_read": converted["key_bytes_read"],
+        **{
+            key: converted[key]
+            for key in (
+                "equality_delete_files_converted",
+                "position_delete_files_written",
+                "deletion_vectors_written",
+                "data_files_read",
+                "key_bytes_read",
+                "rows_matched",
+            )
+        },
     }
 
 
 def add_equality_deletes(
-    generator: duckdb.DuckDBPyConnection, table: Table, fraction: float
+    generator: duckdb.DuckDBPyConnection,
+    table: Table,
+    fraction: float,
+    commits: int = DELETE_COMMITS,
 ) -> dict[str, Any]:
     """Delete ``fraction`` of store_sales' keys (every copy) with equality deletes, as a CDC
-    source would: DELETE_COMMITS commits of one delete file each, all newer than the data."""
+    source would: ``commits`` commits of one delete file each, all newer than the data."""
     percent = round(fraction * 100, 6)
     keys = generator.execute(
         f"SELECT DISTINCT {', '.join(DELETE_KEY)} FROM {TABLE} "
@@ -398,7 +445,7 @@ def add_equality_deletes(
     spec = table.spec()
     if spec.fields:
         raise UsageError(f"table {NAMESPACE}.{TABLE}: equality deletes need it unpartitioned")
-    per_file = -(-keys.num_rows // DELETE_COMMITS)
+    per_file = -(-keys.num_rows // commits)
     files = 0
     for start in range(0, keys.num_rows, per_file):
         delete_file = write_equality_delete_file(
@@ -543,6 +590,14 @@ def _load(
         )
 
 
+def _roll_back(warehouse: Warehouse, table: Table) -> None:
+    """Put ``table``'s main branch back on its snapshot before the conversion."""
+    snapshot = table.current_snapshot()
+    assert snapshot is not None
+    current = warehouse.catalog().load_table(f"{NAMESPACE}.{TABLE}")
+    current.manage_snapshots().set_current_snapshot(snapshot.snapshot_id).commit()
+
+
 def run_rewrite_benchmark(
     parameters: RewriteParameters, warehouse: Warehouse, workdir: Path, steps: Steps
 ) -> dict[str, Any]:
@@ -556,6 +611,14 @@ def run_rewrite_benchmark(
             f"loaded {TABLE}: {loaded.files:,} files, {loaded.bytes / MB:.1f} MB in "
             f"{loaded.commits:,} commits ({loaded.seconds:.1f}s)"
         )
+        imported: dict[str, Any] = {}
+        if parameters.imported:
+            description = f"writing {loaded.files:,} files again without field ids, adding them"
+            with steps.step(description, total=loaded.commits) as advance:
+                table, imported = import_without_field_ids(
+                    warehouse.catalog(), table, loaded.commits, lambda _: advance(1)
+                )
+            steps.note(f"imported {imported['files']:,} files ({imported['seconds']:.1f}s)")
         floor_inputs = _data_files(table)  # the data files, before any delete
         deletes: dict[str, Any] = {}
         if parameters.equality_deletes > 0:
@@ -608,6 +671,15 @@ def run_rewrite_benchmark(
         )
     finally:
         shutil.rmtree(floor_dir, ignore_errors=True)
+    conversion = None
+    if deletes.get("files"):
+        with steps.step("converting the equality deletes (fresh process)"):
+            conversion = in_fresh_process(conversion_phase, warehouse.catalog_properties)
+        _roll_back(warehouse, table)
+        steps.note(
+            f"conversion: {conversion['seconds']:.1f}s, {conversion['cpu_seconds']:.1f} CPU s, "
+            f"{conversion['key_bytes_read'] / MB:.1f} MB of key columns read (rolled back)"
+        )
     with steps.step("compactor (fresh process)"):
         compacted = _without_clock(
             in_fresh_process(
@@ -631,11 +703,13 @@ def run_rewrite_benchmark(
             **loaded.to_dict(),
             "table": f"{NAMESPACE}.{TABLE}",
             "rows": loaded.rows_loaded,
+            "imported": imported,
             "equality_deletes": deletes,
         },
         "floor_1": floor_1,
         "floor_2": floor_2,
         "compactor": compacted,
+        **({"conversion": conversion} if conversion is not None else {}),
         "ratios": compared,
         "fraction_of_floor": _ratio(compacted["mb_per_s"], floor_1["mb_per_s"]),
     }

@@ -8,6 +8,7 @@ The commands live with their family: ``compact_commands`` (run, inspect), ``main
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import Annotated
 
@@ -16,7 +17,10 @@ import typer
 from compactor import __version__
 from compactor.cli import compact_commands, demo, maintain_commands, service_commands
 from compactor.cli.bench import bench_app
-from compactor.cli.output import out, state
+from compactor.cli.output import fail, out, state
+from compactor.errors import UsageError
+from compactor.iceberg.catalog_probe import CATALOG_TIMEOUT_VARIABLE, catalog_timeout_s
+from compactor.options.defaults import DEFAULT_CATALOG_TIMEOUT
 from compactor.redaction import protect
 
 app = typer.Typer(
@@ -46,6 +50,15 @@ def _main(
     verbose: Annotated[
         bool, typer.Option("--verbose", "-v", help="Show debug logs and full tracebacks.")
     ] = False,
+    catalog_timeout: Annotated[
+        str | None,
+        typer.Option(
+            "--catalog-timeout",
+            help="How long a catalog's server (REST, SQL, Glue, Hive) may take to accept a "
+            f"connection before it is reported unreachable, e.g. 3s. Default: "
+            f"${CATALOG_TIMEOUT_VARIABLE}, else {DEFAULT_CATALOG_TIMEOUT}.",
+        ),
+    ] = None,
     version: Annotated[
         bool,
         typer.Option(
@@ -57,6 +70,12 @@ def _main(
     ] = False,
 ) -> None:
     state["verbose"] = verbose
+    if catalog_timeout is not None:
+        try:
+            catalog_timeout_s(catalog_timeout)
+        except UsageError as exc:
+            fail(exc)
+        os.environ[CATALOG_TIMEOUT_VARIABLE] = catalog_timeout  # for the daemon's catalogs too
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
@@ -65,13 +84,29 @@ def _main(
         protect(handler)
 
 
-VERBOSE_FLAGS = ("--verbose", "-v")
+# The global options taken after the command too, and how many values each takes.
+GLOBAL_FLAGS = {"--verbose": 0, "-v": 0, "--catalog-timeout": 1}
+
+
+def hoist_global_flags(args: list[str]) -> list[str]:
+    """``args`` with the global options (:data:`GLOBAL_FLAGS`) moved before the command."""
+    end = args.index("--") if "--" in args else len(args)
+    flags: list[str] = []
+    rest: list[str] = []
+    i = 0
+    while i < end:
+        name = args[i].split("=", 1)[0]
+        arity = GLOBAL_FLAGS.get(name)
+        if arity is None:
+            rest.append(args[i])
+            i += 1
+            continue
+        take = 1 if "=" in args[i] else 1 + arity
+        flags += args[i : i + take]
+        i += take
+    return flags + rest + args[end:]
 
 
 def main() -> None:
-    """Console-script entry point: ``--verbose`` (``-v``) is taken after the command too."""
-    args = sys.argv[1:]
-    end = args.index("--") if "--" in args else len(args)
-    flags = [a for a in args[:end] if a in VERBOSE_FLAGS][:1]
-    rest = [a for a in args[:end] if a not in VERBOSE_FLAGS] + args[end:]
-    app(args=flags + rest)
+    """Console-script entry point: the global options are taken after the command too."""
+    app(args=hoist_global_flags(sys.argv[1:]))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
@@ -33,6 +33,24 @@ TableOpt = Annotated[
     str, typer.Option("--table", "-t", help="Table to work on, as NAMESPACE.TABLE.")
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document instead of tables.")]
+BusyExitOpt = Annotated[
+    int,
+    typer.Option(
+        "--exit-code-if-busy",
+        min=0,
+        max=255,
+        help="Exit with this code, not 0, when another run holds the table and this one backs "
+        "off (for wrappers that retry later).",
+    ),
+]
+
+
+def back_off(reason: str, as_json: bool, exit_code: int) -> NoReturn:
+    """End a run that backed off because another holds the table: the reason on stderr (the
+    JSON document, printed before, says it with ``--json``), exit ``--exit-code-if-busy``."""
+    if not as_json:
+        err.print(reason, markup=False, highlight=False)
+    raise typer.Exit(exit_code)
 
 
 def open_catalog_and_table(catalog: str | None, table: str) -> tuple[Catalog, Table]:

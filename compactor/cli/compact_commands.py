@@ -18,12 +18,21 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from compactor.cli.common import CatalogOpt, JsonOpt, TableOpt, open_table, warn_in_doubt
+from compactor.cli.common import (
+    BusyExitOpt,
+    CatalogOpt,
+    JsonOpt,
+    TableOpt,
+    back_off,
+    open_table,
+    warn_in_doubt,
+)
 from compactor.cli.model_flags import with_model_flags
 from compactor.cli.output import err, fail, guarded, out, print_json, print_table
 from compactor.durations import utc_now_text
 from compactor.errors import CompactorError
-from compactor.options.compact import CompactOptions, resolve_options
+from compactor.options.compact import CompactOptions
+from compactor.options.defaults import DEFAULT_BRANCH
 from compactor.sizes import count, format_size
 
 if TYPE_CHECKING:
@@ -143,8 +152,11 @@ def _print_result(result: RunResult) -> None:
     added_files, added_bytes = len(result.added_files), result.added_bytes
     avg = added_bytes / added_files if added_files else 0
     snapshots = ", ".join(str(i) for i in result.snapshot_ids)
+    branch = result.plan.options.branch
     out.print(
-        f"{result.table}: committed replace snapshot {snapshots}: "
+        f"{result.table}: committed replace snapshot {snapshots}"
+        + ("" if branch == DEFAULT_BRANCH else f" to branch {branch}")
+        + ": "
         f"{count(len(result.rewritten_files), 'file')} ({format_size(result.rewritten_bytes)}) -> "
         f"{count(added_files, 'file')} ({format_size(added_bytes)}, avg {format_size(avg)}) "
         f"in {result.duration_ms / 1000:.1f}s"
@@ -181,6 +193,7 @@ def run(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the plan; write and commit nothing.")
     ] = False,
+    exit_code_if_busy: BusyExitOpt = 0,
     as_json: JsonOpt = False,
 ) -> None:
     """Compact small files of one table into target-size files, as one `replace` snapshot.
@@ -190,14 +203,14 @@ def run(
     Safe beside live writers: concurrent appends never conflict; a group whose input was
     changed meanwhile is left out. SIGTERM or Ctrl-C stops cleanly: no new group starts, running
     ones are abandoned, finished ones are committed, exit 0. If another compactor run holds the
-    table, this one backs off and exits 0. Exit 1 when a group failed; a group with a file that
+    table, this one backs off and exits 0 (or --exit-code-if-busy). Exit 1 when a group failed; a group with a file that
     is missing or not valid Parquet is skipped, the file named, and the others are committed.
     """
-    from compactor.api import compact
+    from compactor.api import compact, options_for
     from compactor.execute.progress_log import ProgressLog, progress_interval
 
     tbl = open_table(catalog, table)
-    resolved = resolve_options(table, tbl.metadata.properties, **options)
+    resolved = options_for(tbl, None, options)  # flags over the table's compactor.* properties
     _warn(resolved.warnings)
     bar = _Bar() if (not as_json and sys.stderr.isatty()) else None
     progress = bar or ProgressLog(table, _progress_line, progress_interval())
@@ -207,14 +220,13 @@ def run(
     finally:
         if bar:
             bar.stop()
-    if result.backed_off and not as_json:
-        err.print(result.backed_off, markup=False, highlight=False)
-        return
     if as_json:
         print_json(result.to_dict())
-    elif dry_run:
+    if result.backed_off:
+        back_off(result.backed_off, as_json, exit_code_if_busy)
+    if dry_run and not as_json:
         _print_plan(result.plan)
-    else:
+    elif not as_json:
         _print_result(result)
     if result.errors:
         first = result.errors[0]
@@ -294,6 +306,10 @@ def inspect(
             f"{stats.average_entries:,.1f} live entries per manifest; "
             f"{count(stats.metadata_files, 'metadata file')}"
         )
+    for name, (value, source) in sorted(inspection.settings.items()):
+        out.print(f"setting: {name} = {value} ({source})", markup=False, highlight=False)
+    for action in inspection.paused:
+        out.print(f"paused by the table's properties: {action}", markup=False, highlight=False)
     for path in inspection.unreadable_files:
         line = f"unreadable file, skipped by the last compaction: {path}"
         out.print(line, markup=False, highlight=False)

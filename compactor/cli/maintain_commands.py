@@ -8,9 +8,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from compactor.cli.common import (
+    BusyExitOpt,
     CatalogOpt,
     JsonOpt,
     TableOpt,
+    back_off,
     open_catalog_and_table,
     open_table,
     warn_in_doubt,
@@ -30,6 +32,9 @@ if TYPE_CHECKING:
     from compactor.maintain.expire import DeletionReport
 
 commands = typer.Typer()
+
+# How many orphan paths the text output of `orphans` prints without --list.
+ORPHANS_SHOWN = 20
 
 
 def _report_deletions(title: str, table: str, report: DeletionReport) -> None:
@@ -153,6 +158,13 @@ def orphans(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="List the orphan files; delete nothing.")
     ] = False,
+    list_all: Annotated[
+        bool,
+        typer.Option(
+            "--list",
+            help=f"Print every orphan's path, not only the first {ORPHANS_SHOWN} (text output).",
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Delete files under the table's location that no metadata of the table references.
@@ -179,8 +191,12 @@ def orphans(
             f"{sum(scan.other_tables.values())} under other tables' locations; "
             f"{len(scan.refused)} refused"
         )
-        for path in result.listed_orphans:
+        paths = result.orphan_locations
+        shown = paths if list_all else paths[:ORPHANS_SHOWN]
+        for path in shown:
             out.print(f"  {path}", markup=False, highlight=False)
+        if len(shown) < len(paths):
+            out.print(f"  ... and {len(paths) - len(shown)} more (--list prints them all)")
         _report_deletions(f"orphan files ({table})", result.table, result.report)
     _fail_on_undeleted(result.table, result.report)
 
@@ -200,6 +216,7 @@ def rewrite_deletes(
             help="Plan the conversion, read the position delete files, and report; write nothing.",
         ),
     ] = False,
+    exit_code_if_busy: BusyExitOpt = 0,
     as_json: JsonOpt = False,
 ) -> None:
     """Convert equality deletes into position deletes, then compact position-delete files per
@@ -226,9 +243,9 @@ def rewrite_deletes(
     result = rewrite(tbl, dry_run=dry_run, **options)
     if as_json:
         print_json(result.to_dict())
-        return
     if result.backed_off:
-        err.print(result.backed_off, markup=False, highlight=False)
+        back_off(result.backed_off, as_json, exit_code_if_busy)
+    if as_json:
         return
     warn_in_doubt(table, result.commits_in_doubt)
     conversion = result.equality_conversion
@@ -278,6 +295,7 @@ def rewrite_manifests(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Read the manifests and report; write nothing.")
     ] = False,
+    exit_code_if_busy: BusyExitOpt = 0,
     as_json: JsonOpt = False,
 ) -> None:
     """Rewrite the current snapshot's manifests into few, clustered by partition.
@@ -302,9 +320,9 @@ def rewrite_manifests(
             bar.stop()
     if as_json:
         print_json(result.to_dict())
-        return
     if result.backed_off:
-        err.print(result.backed_off, markup=False, highlight=False)
+        back_off(result.backed_off, as_json, exit_code_if_busy)
+    if as_json:
         return
     warn_in_doubt(table, result.commits_in_doubt)
     verb = "would replace" if dry_run else "replaced"

@@ -17,6 +17,8 @@ from pydantic.fields import FieldInfo
 from compactor.options.fields import Flag
 
 Command = TypeVar("Command", bound=Callable[..., None])
+# The name of the parameter that receives the command's context.
+CONTEXT = "model_flags_context"
 
 
 def _cli_type(annotation: Any) -> Any:
@@ -79,9 +81,22 @@ def with_model_flags(
             else:
                 parameters.append(parameter.replace(kind=inspect.Parameter.KEYWORD_ONLY))
 
+        # typer passes the command's context to a parameter of this type: it tells which
+        # flags were given.
+        parameters.append(
+            inspect.Parameter(CONTEXT, inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)
+        )
+
         @functools.wraps(command)
         def run(*args: Any, **kwargs: Any) -> None:
-            options = {name: kwargs.pop(name) for name in names if name in kwargs}
+            # Only the flags given: a table property, then the model's default, fills the rest.
+            context = kwargs.pop(CONTEXT, None)
+            values = {name: kwargs.pop(name) for name in names if name in kwargs}
+            options = {
+                name: value
+                for name, value in values.items()
+                if context is None or context.get_parameter_source(name).name != "DEFAULT"
+            }
             command(*args, options=options, **kwargs)
 
         run.__signature__ = own.replace(parameters=parameters)  # type: ignore[attr-defined]

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from compactor.errors import EXIT_RUNTIME, CompactorError, UsageError
 from compactor.options.environment import check_pyiceberg_config
+from compactor.options.table_properties import TableDisabledError
 from compactor.redaction import redact
 
 # soft_wrap: lines are never broken at the terminal's width. Piped output has no width limit
@@ -94,6 +95,11 @@ def guarded(command: Callable[P, None]) -> Callable[P, None]:
                 "interrupted: unfinished groups were not committed; the next run cleans up after it"
             )
             raise typer.Exit(130) from None
+        except TableDisabledError as exc:  # the table's owner paused it: not a failure
+            err.print(f"{exc}; nothing done", markup=False, highlight=False)
+            if kwargs.get("as_json"):
+                print_json({"table": exc.table, "paused_by": exc.setting, "exit_code": 0})
+            raise typer.Exit(0) from None
         except Exception as exc:
             fail(exc, bool(kwargs.get("as_json", False)))
 

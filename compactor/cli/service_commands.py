@@ -45,13 +45,22 @@ def _load_daemon_setup(config: Path | None) -> tuple[DaemonConfig, list[Job]]:
 
 def _check_catalogs(jobs: list[Job], default: str | None) -> None:
     """Every job's catalog is configured (checked offline: no catalog is contacted)."""
+    problems = _catalog_problems(jobs, default)
+    if problems:
+        raise ConfigError(next(iter(problems.values())))
+
+
+def _catalog_problems(jobs: list[Job], default: str | None) -> dict[Path, str]:
+    """The jobs whose catalog is configured nowhere, each with its problem (offline)."""
     from compactor.iceberg.catalogs import catalog_properties
 
+    problems = {}
     for job in jobs:
         try:
             catalog_properties(job.spec.catalog or default)
         except ConfigError as exc:
-            raise ConfigError(f"{job.path}: {exc}") from None
+            problems[job.path] = f"{job.path}: {exc}"
+    return problems
 
 
 @commands.command()
@@ -109,7 +118,7 @@ def jobs_validate(
     ] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Check job files without starting the daemon; the first problem is reported as FILE:LINE.
+    """Check job files without starting the daemon: every problem of every file, as FILE:LINE.
 
     Offline by default: no catalog is contacted. With --connect, each job's tables are resolved
     in its catalog and listed.
@@ -118,23 +127,35 @@ def jobs_validate(
 
     Example: compactor jobs validate --connect --config /etc/compactor/compactor.toml
     """
-    from compactor.daemon.jobfiles import load_job, resolve_jobs
+    from compactor.daemon.config import load_daemon_config
+    from compactor.daemon.config_files import ConfigProblems
+    from compactor.daemon.jobfiles import job_paths, load_job, resolve_jobs
 
-    paths = [
-        found
-        for path in files or []
-        for found in (sorted(path.glob("*.toml")) if path.is_dir() else [path])
-    ]
     default_catalog = None
     if files:
-        jobs = [load_job(path) for path in paths]
-        _check_catalogs(jobs, None)
+        paths = [
+            found
+            for path in files
+            for found in (sorted(path.glob("*.toml")) if path.is_dir() else [path])
+        ]
     else:
-        settings, jobs = _load_daemon_setup(config)
-        default_catalog = settings.section.catalog
+        settings = load_daemon_config(config)
+        paths, default_catalog = job_paths(settings.jobs_dir), settings.section.catalog
+    loaded, problems = [], []
+    for path in paths:  # every problem of every file, not only the first
+        try:
+            loaded.append(load_job(path))
+        except ConfigProblems as exc:
+            problems += exc.problems
+        except ConfigError as exc:
+            problems.append(str(exc))
+    unconfigured = _catalog_problems(loaded, default_catalog)
+    problems += unconfigured.values()
+    jobs = [job for job in loaded if job.path not in unconfigured]
     resolved = resolve_jobs(jobs, default_catalog) if connect else []
     resolutions: list[Resolution | None] = [*resolved, *[None] * (len(jobs) - len(resolved))]
-    problems = [redact(problem) for r in resolved for problem in r.problems]
+    problems = [redact(problem) for problem in problems]
+    problems += [redact(problem) for r in resolved for problem in r.problems]
     if as_json:
         summary: list[dict[str, Any]] = [
             {
@@ -289,7 +310,7 @@ def status(config: ConfigFileOpt = None, as_json: JsonOpt = False) -> None:
         (
             (
                 _when(r["started_at_ms"]),
-                r["table_name"],
+                r["table"],
                 r["action"],
                 r["outcome"] or "running",
                 str(r["input_files"]),
@@ -312,7 +333,7 @@ def status(config: ConfigFileOpt = None, as_json: JsonOpt = False) -> None:
         fold=("table", "file", "reason"),
         skip_empty=True,
     )
-    newest = {r["table_name"]: r for r in reversed(data["runs"]) if r["outcome"]}
+    newest = {r["table"]: r for r in reversed(data["runs"]) if r["outcome"]}
     print_table(
         "commits in doubt (their files kept until each lands or cannot)",
         ("table", "run", "snapshot", "branch"),

@@ -39,7 +39,7 @@ from typing import Any
 
 from pyiceberg.table import Table
 
-from compactor.errors import CommitConflictError, CompactorError, first_line
+from compactor.errors import CommitConflictError, CompactorError, first_line, not_writable_error
 from compactor.iceberg.references import table_references
 from compactor.rewrite.intent import intent_files, listed_files
 from compactor.storage.deleter import delete_files
@@ -508,5 +508,11 @@ class RunLease:
                 del fields[name]
         payload = json.dumps(fields).encode()
         slot = self._paths[self._record.seq % len(self._paths)]
-        with self._table.io.new_output(slot).create(overwrite=True) as stream:
-            stream.write(payload)
+        try:
+            with self._table.io.new_output(slot).create(overwrite=True) as stream:
+                stream.write(payload)
+        except OSError as exc:
+            refused = not_writable_error(".".join(self._table.name()), exc)
+            if refused is None:
+                raise
+            raise refused from exc

@@ -7,7 +7,8 @@
     state = "compactor-state.db"      # run history (SQLite), relative to this file
     catalog = "lake"                  # for job files that name none
     max_concurrent_runs = 2
-    listen = "127.0.0.1:9464"         # /metrics and /healthz; "" turns the endpoint off
+    listen = "127.0.0.1:9464"         # /metrics, /healthz, the dashboard; "" turns it off
+    http_token = ""                   # required by the dashboard and its API; or COMPACTOR_HTTP_TOKEN
     log_format = "auto"               # json when stderr is not a terminal
     backoff_initial = "5m"            # after a failed run; doubles per failure
     backoff_max = "6h"
@@ -16,6 +17,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -25,10 +27,13 @@ from compactor.daemon.config_files import load_toml, validate
 from compactor.daemon.jobfiles import Duration
 from compactor.durations import parse_duration_ms
 from compactor.iceberg.catalogs import compactor_home
+from compactor.redaction import register_secrets
 
 DEFAULT_CONFIG = "compactor.toml"
 DEFAULT_LISTEN = "127.0.0.1:9464"
 STATE_FILE = "daemon.db"
+# Overrides [daemon] http_token: the way to pass it from a Kubernetes Secret.
+HTTP_TOKEN_ENVIRONMENT = "COMPACTOR_HTTP_TOKEN"
 
 
 def _check_listen(value: str) -> str:
@@ -50,6 +55,7 @@ class DaemonSection(BaseModel):
     catalog: str | None = None
     max_concurrent_runs: int = Field(1, ge=1, le=64)
     listen: Annotated[str, AfterValidator(_check_listen)] = DEFAULT_LISTEN
+    http_token: str = ""
     log_format: Literal["auto", "json", "text"] = "auto"
     backoff_initial: Duration = "5m"
     backoff_max: Duration = "6h"
@@ -81,6 +87,10 @@ class DaemonConfig:
         )
         self.backoff_initial_s = parse_duration_ms(section.backoff_initial, "") / 1000
         self.backoff_max_s = parse_duration_ms(section.backoff_max, "") / 1000
+        # The bearer token of the dashboard and its API; None: they are open.
+        self.http_token = os.environ.get(HTTP_TOKEN_ENVIRONMENT) or section.http_token or None
+        if self.http_token:
+            register_secrets({HTTP_TOKEN_ENVIRONMENT: self.http_token})
 
     @property
     def listen(self) -> tuple[str, int] | None:

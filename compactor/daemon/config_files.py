@@ -69,17 +69,42 @@ def load_toml(path: Path) -> tuple[dict[str, Any], str]:
         raise ConfigError(f"{_where(path, line)}: invalid TOML: {reason}") from None
 
 
+class ConfigProblems(ConfigError):
+    """Every problem of one file, each ``file:line: setting: why``; its message is the first
+    (one line, as every error), saying how many more there are."""
+
+    def __init__(self, problems: list[str]) -> None:
+        more = len(problems) - 1
+        hint = f" (and {more} more: `compactor jobs validate` lists them all)" if more else ""
+        super().__init__(problems[0] + hint)
+        self.problems = problems
+
+
+def _key_named_by(data: Any, loc: tuple[str | int, ...], message: str) -> tuple[str | int, ...]:
+    """``loc`` extended by the key a section-wide check's ``message`` starts with (``ray_address
+    '...': is only used with ...``), so that the problem points at that key's line."""
+    section = data
+    for part in loc:
+        section = section.get(part) if isinstance(section, dict) else None
+    first = message.split(" ", 1)[0]
+    return (*loc, first) if isinstance(section, dict) and first in section else loc
+
+
 def validate(model: type[Model], data: dict[str, Any], source: str, path: Path) -> Model:
-    """``model`` from ``data``; the first problem becomes a ConfigError ``file:line: setting: why``."""
+    """``model`` from ``data``; every problem becomes a line ``file:line: setting: why`` of a
+    :class:`ConfigProblems`, the line that of the offending key."""
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        error = exc.errors(include_url=False)[0]
-        loc = error["loc"]
-        setting = ".".join(str(part) for part in loc) or "(file)"
-        message = error["msg"].removeprefix("Value error, ")
-        if error["type"] == "extra_forbidden":
-            message = "unknown setting"
-        elif error["type"] == "missing":
-            message = "required setting is missing"
-        raise ConfigError(f"{_where(path, line_of(source, loc))}: {setting}: {message}") from None
+        problems = []
+        for error in exc.errors(include_url=False):
+            message = error["msg"].removeprefix("Value error, ")
+            if error["type"] == "extra_forbidden":
+                message = "unknown setting"
+            elif error["type"] == "missing":
+                message = "required setting is missing"
+            loc = error["loc"]
+            setting = ".".join(str(part) for part in loc) or "(file)"
+            line = line_of(source, _key_named_by(data, loc, message))
+            problems.append(f"{_where(path, line)}: {setting}: {message}")
+        raise ConfigProblems(problems) from None

@@ -3,7 +3,8 @@
 The current snapshot's summary comes first: a table whose totals cannot cross a threshold is
 scored without reading any manifest. Otherwise manifests are read through a per-table
 :class:`~compactor.planning.health.ManifestCache`, so only manifests added since the last scan are read,
-and a table whose snapshot has not changed is not read at all.
+and a table whose snapshot has not changed is not read at all. The scores count each
+partition's delete files too, from which :mod:`compactor.daemon.remedies` picks a remedy.
 """
 
 from __future__ import annotations
@@ -12,12 +13,45 @@ from dataclasses import asdict, dataclass, replace
 
 from pyiceberg.table import Table
 
-from compactor.daemon.jobfiles import CompactAction
-from compactor.planning.health import ManifestCache, table_health
+from compactor.daemon.jobfiles import CompactAction, RewriteDeletesAction
+from compactor.daemon.remedies import (
+    PartitionFiles,
+    Remedies,
+    choose_remedies,
+    compaction_reasons,
+    rewrite_deletes_reasons,
+)
+from compactor.options.defaults import DEFAULT_MIN_INPUT_FILES
+from compactor.planning.health import ManifestCache, TableHealth, table_health
 from compactor.sizes import format_size, parse_size
 
 SUMMARY = "summary"
 MANIFESTS = "manifests"
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """What a job scores its tables against: its ``[compact]`` and ``[rewrite_deletes]``
+    sections (either may be missing)."""
+
+    compact: CompactAction | None
+    deletes: RewriteDeletesAction | None
+
+    @property
+    def min_input_files(self) -> int:
+        return self.compact.min_input_files if self.compact else DEFAULT_MIN_INPUT_FILES
+
+    def crossed_by(self, data_files: int, delete_files: int) -> bool:
+        """Whether a table with these totals may cross a threshold (else its manifests need
+        not be read)."""
+        compact = self.compact
+        if compact is not None and (
+            data_files >= compact.min_small_files
+            or delete_files >= compact.min_delete_files
+            or compact.min_small_bytes is not None
+        ):
+            return True
+        return self.deletes is not None and delete_files >= self.deletes.fewest_delete_files
 
 
 @dataclass(frozen=True)
@@ -39,18 +73,41 @@ class Fragmentation:
     partitions: int | None = None
     worst_partition: str | None = None
     worst_partition_files_under_target: int | None = None
+    format_version: int = 2
+    # The partitions holding delete files (none when scored from the summary).
+    delete_partitions: tuple[PartitionFiles, ...] = ()
 
     @property
     def score(self) -> int:
         """Files a compaction would take off every query's plan: higher is worse."""
         return (self.small_files or 0) + self.delete_files
 
+    def remedies(self, thresholds: Thresholds) -> Remedies:
+        """The remedy of each partition's delete files (see :mod:`compactor.daemon.remedies`)."""
+        return choose_remedies(
+            self.delete_partitions,
+            self.format_version,
+            thresholds.deletes,
+            thresholds.compact is not None,
+        )
+
     def to_dict(self) -> dict[str, object]:
-        return {**asdict(self), "score": self.score}
+        shown = {k: v for k, v in asdict(self).items() if k not in _NOT_SHOWN}
+        return {**shown, "score": self.score}
 
 
-def due_reasons(fragmentation: Fragmentation, section: CompactAction) -> list[str]:
-    """The thresholds of ``section`` the table crosses; empty when it needs no compaction."""
+_NOT_SHOWN = ("format_version", "delete_partitions")
+
+
+def due_reasons(
+    fragmentation: Fragmentation,
+    section: CompactAction,
+    deletes: RewriteDeletesAction | None = None,
+) -> list[str]:
+    """The thresholds of ``section`` the table crosses; empty when it needs no compaction.
+    Equality-delete files that the job's ``deletes`` section converts are not counted against
+    ``min_delete_files``."""
+    remedies = fragmentation.remedies(Thresholds(section, deletes))
     reasons = []
     small_files = fragmentation.small_files or 0
     if small_files >= section.min_small_files:
@@ -62,11 +119,40 @@ def due_reasons(fragmentation: Fragmentation, section: CompactAction) -> list[st
             reasons.append(
                 f"{format_size(small_bytes)} in small files >= min_small_bytes {format_size(limit)}"
             )
-    if fragmentation.delete_files >= section.min_delete_files:
+    delete_files = fragmentation.delete_files - remedies.left_to_conversion
+    if delete_files >= section.min_delete_files:
+        converted = " not converted" if remedies.left_to_conversion else ""
         reasons.append(
-            f"{fragmentation.delete_files} delete files >= min_delete_files {section.min_delete_files}"
+            f"{delete_files} delete files{converted} >= min_delete_files {section.min_delete_files}"
         )
+    if deletes is not None:
+        reasons.extend(compaction_reasons(remedies, deletes))
     return reasons
+
+
+def deletes_due_reasons(
+    fragmentation: Fragmentation, compact: CompactAction | None, deletes: RewriteDeletesAction
+) -> tuple[list[str], bool]:
+    """Why ``deletes`` is due for the table (empty when it is not), and whether equality
+    deletes are due for conversion, in a job compacting with ``compact`` (None: it does not)."""
+    remedies = fragmentation.remedies(Thresholds(compact, deletes))
+    return rewrite_deletes_reasons(remedies, deletes), bool(remedies.convert)
+
+
+def _delete_partitions(health: TableHealth) -> tuple[PartitionFiles, ...]:
+    found = []
+    for name, deletes in sorted(health.partition_deletes.items()):
+        part = health.partitions.get(name)
+        found.append(
+            PartitionFiles(
+                name,
+                data_files=part.data_files if part else 0,
+                small_files=part.small(health.min_input_files)[0] if part else 0,
+                equality_delete_files=deletes.equality_delete_files,
+                position_delete_files=deletes.position_delete_files,
+            )
+        )
+    return tuple(found)
 
 
 def _summary_int(summary: dict[str, str], name: str) -> int | None:
@@ -79,27 +165,33 @@ class FragmentationScanner:
 
     def __init__(self) -> None:
         self._caches: dict[str, ManifestCache] = {}
-        self._last: dict[str, tuple[tuple[int | None, int, CompactAction], Fragmentation]] = {}
+        self._last: dict[str, tuple[tuple[int | None, int, Thresholds], Fragmentation]] = {}
 
     def scan(
-        self, table: Table, identifier: str, target_file_size: int, section: CompactAction
+        self,
+        table: Table,
+        identifier: str,
+        target_file_size: int,
+        compact: CompactAction | None,
+        deletes: RewriteDeletesAction | None = None,
     ) -> Fragmentation:
-        """Score ``table``'s current snapshot against ``target_file_size``."""
+        """Score ``table``'s current snapshot against ``target_file_size`` and a job's
+        ``[compact]`` and ``[rewrite_deletes]`` sections (either may be None)."""
+        thresholds = Thresholds(compact, deletes)
         snapshot = table.current_snapshot()
         snapshot_id = snapshot.snapshot_id if snapshot else None
-        key = (snapshot_id, target_file_size, section)
+        key = (snapshot_id, target_file_size, thresholds)
         last = self._last.get(identifier)
         if last and last[0] == key:
             return replace(last[1], manifests_read=0)
         summary = snapshot.summary.additional_properties if snapshot and snapshot.summary else {}
         data_files = _summary_int(summary, "total-data-files")
         delete_files = _summary_int(summary, "total-delete-files")
+        format_version = table.metadata.format_version
         if (
             data_files is not None
             and delete_files is not None
-            and data_files < section.min_small_files
-            and delete_files < section.min_delete_files
-            and section.min_small_bytes is None
+            and not thresholds.crossed_by(data_files, delete_files)
         ):
             found = Fragmentation(
                 identifier,
@@ -109,12 +201,13 @@ class FragmentationScanner:
                 delete_files,
                 SUMMARY,
                 manifests_read=0,
+                format_version=format_version,
             )
         else:
             cache = self._caches.setdefault(identifier, ManifestCache())
             read_before = cache.manifests_read
             health = table_health(
-                table, identifier, target_file_size, section.min_input_files, cache
+                table, identifier, target_file_size, thresholds.min_input_files, cache
             )
             worst = health.worst_partitions(1)
             found = Fragmentation(
@@ -132,6 +225,8 @@ class FragmentationScanner:
                 partitions=len(health.partitions),
                 worst_partition=worst[0].partition if worst else None,
                 worst_partition_files_under_target=worst[0].files_under_target if worst else None,
+                format_version=format_version,
+                delete_partitions=_delete_partitions(health),
             )
         self._last[identifier] = (key, found)
         return found

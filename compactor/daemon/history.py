@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from compactor.daemon.scheduling import INTERRUPTED
+from compactor.durations import epoch_ms
 from compactor.errors import ConfigError
 from compactor.redaction import redact
 
@@ -102,7 +103,16 @@ class RunRow:
     id: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The run as ``status --json``, the daemon's log and its dashboard show it: ``table``,
+        and times as epoch milliseconds (``started_at_ms``, ``ended_at_ms``)."""
+        data = asdict(self)
+        started_at, ended_at = data.pop("started_at"), data.pop("ended_at")
+        return {
+            "table": data.pop("table_name"),
+            **data,
+            "started_at_ms": epoch_ms(started_at),
+            "ended_at_ms": epoch_ms(ended_at),
+        }
 
 
 class History:
@@ -191,6 +201,20 @@ class History:
                 f"SELECT * FROM runs {where} ORDER BY id DESC LIMIT ?", (*args, limit)
             ).fetchall()
         return [_run(row) for row in rows]
+
+    def totals(self, since: float) -> dict[str, dict[str, int]]:
+        """Per action, the runs finished since ``since`` and the sums of their files and bytes
+        in and out."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT action, COUNT(*) AS runs, SUM(input_files) AS input_files, "
+                "SUM(input_bytes) AS input_bytes, SUM(output_files) AS output_files, "
+                "SUM(output_bytes) AS output_bytes FROM runs "
+                "WHERE ended_at >= ? AND outcome IS NOT NULL GROUP BY action",
+                (since,),
+            ).fetchall()
+        found = [dict(row) for row in rows]
+        return {row.pop("action"): row for row in found}
 
     def recent_runs(self, per_key: int) -> dict[tuple[str, str], list[RunRow]]:
         """The last ``per_key`` finished runs of each (table, action), most recent first."""

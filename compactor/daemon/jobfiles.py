@@ -15,6 +15,10 @@ A job file is TOML (see the examples in ``jobs/``)::
     [orphans]
     every = "1d"
 
+    [rewrite_deletes]
+    every = "1h"
+    min_equality_delete_files = 1
+
     [rewrite_manifests]
     every = "1h"
     min_manifests = 100
@@ -51,7 +55,9 @@ from compactor.options.compact import CompactOptions, resolve_options
 from compactor.options.defaults import (
     DEFAULT_COOLDOWN,
     DEFAULT_MIN_DELETE_FILES,
+    DEFAULT_MIN_EQUALITY_DELETE_FILES,
     DEFAULT_MIN_MANIFESTS,
+    DEFAULT_MIN_POSITION_DELETE_FILES,
     DEFAULT_MIN_SMALL_FILES,
     MIN_ORPHAN_AGE_MS,
 )
@@ -138,11 +144,24 @@ class CompactAction(Schedule, CompactOptions):
 
 
 class RewriteDeletesAction(Schedule, RewriteDeletesOptions):
-    """Compact position-delete files per partition, dropping those that apply to nothing.
+    """Convert a table's equality deletes once a partition holds ``min_equality_delete_files``
+    of them (over data files no compaction rewrites anyway), and compact its position-delete
+    files once a partition holds ``min_position_delete_files`` of them.
 
     Takes every option of ``compactor rewrite-deletes``
-    (:class:`~compactor.options.RewriteDeletesOptions`).
+    (:class:`~compactor.options.RewriteDeletesOptions`); how the daemon picks between
+    conversion and compaction: :mod:`compactor.daemon.remedies`.
     """
+
+    min_equality_delete_files: int = Field(DEFAULT_MIN_EQUALITY_DELETE_FILES, ge=1)
+    min_position_delete_files: int = Field(DEFAULT_MIN_POSITION_DELETE_FILES, ge=1)
+
+    @property
+    def fewest_delete_files(self) -> int:
+        """The fewest delete files a table needs for this section to be due."""
+        if not self.convert_equality_deletes:
+            return self.min_position_delete_files
+        return min(self.min_equality_delete_files, self.min_position_delete_files)
 
 
 class RewriteManifestsAction(Schedule, RewriteManifestsOptions):

@@ -1,4 +1,5 @@
-"""The daemon's Prometheus metrics and its HTTP endpoint (``/metrics``, ``/healthz``)."""
+"""The daemon's Prometheus metrics and its HTTP endpoint (``/metrics``, ``/healthz``, and
+whatever else a page handler answers: the dashboard)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import json
 import socket
 import threading
 from collections.abc import Callable
+from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -18,6 +20,8 @@ from prometheus_client import (
     generate_latest,
 )
 
+# Answers a GET of any other path (path with query, request headers): status, headers, body.
+PageHandler = Callable[[str, Message], tuple[int, dict[str, str], bytes]]
 # Run durations from a second to two hours.
 DURATION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200)
 
@@ -164,12 +168,19 @@ class _Handler(BaseHTTPRequestHandler):
             status, details = self.server.health()
             body = json.dumps({"status": status, **details}).encode()
             self._send(200 if status == "ok" else 503, "application/json", body)
+        elif self.server.pages is not None:
+            code, headers, body = self.server.pages(self.path, self.headers)
+            self._send(code, headers.pop("Content-Type"), body, headers)
         else:
             self._send(404, "text/plain; charset=utf-8", b"not found: try /metrics or /healthz\n")
 
-    def _send(self, status: int, content_type: str, body: bytes) -> None:
+    def _send(
+        self, status: int, content_type: str, body: bytes, headers: dict[str, str] | None = None
+    ) -> None:
         self.send_response(status)
         self.send_header("Content-Type", content_type)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -180,7 +191,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 class MetricsServer(ThreadingHTTPServer):
     """``/metrics`` in Prometheus' text format; ``/healthz``: 200 ``ok`` while running, 503
-    ``degraded`` (some job keeps failing) or ``draining``."""
+    ``degraded`` (some job keeps failing) or ``draining``; other paths to ``pages``, if given."""
 
     daemon_threads = True
 
@@ -189,12 +200,14 @@ class MetricsServer(ThreadingHTTPServer):
         address: tuple[str, int],
         metrics: DaemonMetrics,
         health: Callable[[], tuple[str, dict[str, Any]]],
+        pages: PageHandler | None = None,
     ) -> None:
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
         super().__init__(address, _Handler)
         self.metrics = metrics
         self.health = health
+        self.pages = pages
         self._thread = threading.Thread(target=self.serve_forever, name="http", daemon=True)
 
     @property

@@ -30,7 +30,9 @@ from pyiceberg.table import Table
 from compactor import api
 from compactor.compaction import RunResult
 from compactor.daemon.config import DaemonConfig
-from compactor.daemon.fragmentation import FragmentationScanner, due_reasons
+from compactor.daemon.dashboard.api import DashboardApi
+from compactor.daemon.dashboard.routes import Dashboard
+from compactor.daemon.fragmentation import FragmentationScanner, deletes_due_reasons, due_reasons
 from compactor.daemon.history import History, RunRow
 from compactor.daemon.jobfiles import (
     Action,
@@ -55,6 +57,7 @@ from compactor.daemon.scheduling import (
     Request,
     RunPolicy,
 )
+from compactor.daemon.table_overrides import for_table, property_action
 from compactor.durations import parse_duration_ms
 from compactor.errors import (
     CommitConflictError,
@@ -66,6 +69,7 @@ from compactor.errors import (
 from compactor.execute.progress_log import ProgressLog, progress_interval
 from compactor.iceberg.catalogs import open_catalog
 from compactor.options.compact import RewriteOptions, resolve_options
+from compactor.options.table_properties import TableDisabledError, paused_by
 from compactor.planning.manifest_groups import ManifestStats, manifest_stats
 from compactor.sizes import count
 
@@ -155,7 +159,11 @@ class Daemon:
         self.history.forget_grown_groups({job.name for job in self.jobs})
         listen = self.config.listen
         if listen:
-            self.server = MetricsServer(listen, self.metrics, self._health)
+            dashboard = Dashboard(
+                DashboardApi(self.config, self.jobs, self.history, self._catalog, self.clock),
+                self.config.http_token,
+            )
+            self.server = MetricsServer(listen, self.metrics, self._health, dashboard.handle)
             self.server.start()
         first = datetime.now(UTC)
         for job in self.jobs:
@@ -328,18 +336,29 @@ class Daemon:
         """The run to offer for ``identifier``, None when it is not due; raises when the table
         cannot be loaded or scored."""
         section = job.spec.actions()[action]
-        if isinstance(section, RewriteManifestsAction):
-            table = catalog.load_table(identifier)
-            return self._manifest_request(catalog, job.name, identifier, section, table)
-        if not isinstance(section, CompactAction):
+        if not isinstance(section, CompactAction | RewriteDeletesAction | RewriteManifestsAction):
+            # expire, orphans: the API reads the table's compactor.* properties as it runs them
             return Request(identifier, action, job.name, payload=Work(catalog, section))
         table = catalog.load_table(identifier)
-        options = resolve_options(identifier, table.metadata.properties, **section.given())
+        properties = table.metadata.properties
+        setting = paused_by(identifier, properties, property_action(action))
+        if setting is not None:
+            log.info(
+                "paused by the table",
+                extra={"event": "paused", "table": identifier, "action": action, "by": setting},
+            )
+            return None
+        section = for_table(section, identifier, properties, action)
+        if isinstance(section, RewriteManifestsAction):
+            return self._manifest_request(catalog, job.name, identifier, section, table)
+        if isinstance(section, RewriteDeletesAction):
+            return self._deletes_request(catalog, job, identifier, section, table)
+        options = resolve_options(identifier, properties, **section.given())
         if self._warned.get((job.name, identifier)) != options.warnings:
             self._warned[(job.name, identifier)] = options.warnings
             for warning in options.warnings:
                 log.warning(warning, extra={"event": "setting_replaced", "table": identifier})
-        reasons, score = self._score(table, identifier, job.name, options, section)
+        reasons, score = self._score(table, identifier, job, options, section)
         if not reasons:
             return None
         return Request(
@@ -355,16 +374,18 @@ class Daemon:
         self,
         table: Table,
         identifier: str,
-        job_name: str,
+        job: Job,
         options: RewriteOptions,
         section: CompactAction,
     ) -> tuple[list[str], int]:
         """Score ``table``, record the scan and its gauges; the thresholds crossed and the score."""
-        fragmentation = self.scanner.scan(table, identifier, options.plan.target_file_size, section)
-        reasons = due_reasons(fragmentation, section)
+        deletes = job.spec.rewrite_deletes
+        target = options.plan.target_file_size
+        fragmentation = self.scanner.scan(table, identifier, target, section, deletes)
+        reasons = due_reasons(fragmentation, section, deletes)
         self.history.record_scan(
             identifier,
-            job_name,
+            job.name,
             self.clock(),
             {**fragmentation.to_dict(), "reasons": reasons},
             bool(reasons),
@@ -374,6 +395,36 @@ class Daemon:
         self.metrics.data_files.labels(identifier).set(fragmentation.data_files)
         self.metrics.delete_files.labels(identifier).set(fragmentation.delete_files)
         return reasons, fragmentation.score
+
+    def _deletes_request(
+        self,
+        catalog: Catalog,
+        job: Job,
+        identifier: str,
+        section: RewriteDeletesAction,
+        table: Table,
+    ) -> Request | None:
+        """A delete rewrite of ``identifier`` when some partition is due for one (see
+        :mod:`compactor.daemon.remedies`), else None. It converts equality deletes only when
+        some partition is due for conversion; the job's ``[compact]`` settings say which data
+        files a compaction rewrites anyway."""
+        properties = table.metadata.properties
+        compact = job.spec.compact
+        if compact is not None:
+            compact = for_table(compact, identifier, properties, "compact")
+        given = compact.given() if compact is not None else {}
+        options = resolve_options(identifier, properties, **given)
+        target = options.plan.target_file_size
+        fragmentation = self.scanner.scan(table, identifier, target, compact, section)
+        reasons, convert = deletes_due_reasons(fragmentation, compact, section)
+        if not reasons:
+            return None
+        log.info(
+            "deletes due",
+            extra={"event": "deletes_due", "table": identifier, "reasons": reasons},
+        )
+        run = section.model_copy(update={"convert_equality_deletes": convert})
+        return Request(identifier, "rewrite_deletes", job.name, payload=Work(catalog, run))
 
     def _record_schedules(self) -> None:
         """Record each schedule's next tick, unless draining.
@@ -418,10 +469,10 @@ class Daemon:
         unknown = 0  # this run's own commit, when the catalog gave no answer
         try:
             row.outcome = self._perform(request, row)
-        except (GcDisabledError, UnsupportedTableError) as exc:
-            # gc.enabled=false, or not something this action does (e.g. rewrite_deletes on a v3
-            # table): nothing to retry, nothing changed. (A table another run holds comes back
-            # as a result that backed off.)
+        except (GcDisabledError, UnsupportedTableError, TableDisabledError) as exc:
+            # gc.enabled=false, not something this action does (e.g. rewrite_deletes on a v3
+            # table), or paused by the table's compactor.* properties: nothing to retry, nothing
+            # changed. (A table another run holds comes back as a result that backed off.)
             row.outcome, row.error = SKIPPED, first_line(exc)
         except CommitConflictError as exc:
             row.outcome, row.error, row.conflicts = CONFLICT, first_line(exc), 1
@@ -446,8 +497,7 @@ class Daemon:
             "run finished",
             extra={
                 "event": "run_finished",
-                **{k: v for k, v in row.to_dict().items() if k not in ("table_name",)},
-                "table": request.table,
+                **row.to_dict(),
                 "duration_s": round(duration, 3),
             },
         )
@@ -561,11 +611,15 @@ class Daemon:
         self.metrics.added_files.inc(row.output_files)
         self.metrics.commit_conflicts.inc(row.conflicts)
         self.metrics.grown_groups.inc(len(result.grown_groups))
-        if result.snapshot_ids:  # show the table as it is now, not as it was before the run
+        job = self._job(request.job)
+        if result.snapshot_ids and job is not None:  # show the table as it is now
             table.refresh()
-            self._score(table, request.table, request.job, options, section)
+            self._score(table, request.table, job, options, section)
             self._manifests_after_compaction(request, table)
         return compaction_outcome(result)
+
+    def _job(self, name: str) -> Job | None:
+        return next((job for job in self.jobs if job.name == name), None)
 
     # --- manifests -----------------------------------------------------------------------------
 
@@ -607,7 +661,7 @@ class Daemon:
     def _manifests_after_compaction(self, request: Request, table: Table) -> None:
         """Right after a compaction committed, queue the job's manifest rewrite of the table
         if it is due now (it starts once the compaction has finished)."""
-        job = next((j for j in self.jobs if j.name == request.job), None)
+        job = self._job(request.job)
         section = job.spec.rewrite_manifests if job is not None else None
         if section is None:
             return

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from compactor.daemon.config import DaemonConfig
-from compactor.daemon.history import History, RunRow
+from compactor.daemon.history import History
 from compactor.daemon.jobfiles import CompactAction, Job
 from compactor.daemon.scheduling import Request, RunPolicy
-from compactor.durations import parse_duration_ms
+from compactor.durations import epoch_ms, parse_duration_ms
 
 LAST_RUNS = 20
 
@@ -59,7 +59,7 @@ def daemon_status(config: DaemonConfig, jobs: list[Job], now: float) -> dict[str
             {
                 **scan,
                 "scanned_at_ms": epoch_ms(scanned_at),
-                "last_compaction": _run(last) if last else None,
+                "last_compaction": last.to_dict() if last else None,
                 "manifests": _manifests(manifests.get(scan["table"])),
                 "eligible_at_ms": epoch_ms(eligible or None),
                 "next_compaction_at_ms": epoch_ms(next_at),
@@ -73,7 +73,7 @@ def daemon_status(config: DaemonConfig, jobs: list[Job], now: float) -> dict[str
             {"job": job, "action": action, "next_run_at_ms": epoch_ms(at)}
             for (job, action), at in sorted(schedules.items())
         ],
-        "runs": [_run(run) for run in runs],
+        "runs": [run.to_dict() for run in runs],
     }
 
 
@@ -84,17 +84,6 @@ def _manifests(checked: dict[str, Any] | None) -> dict[str, Any] | None:
     found = dict(checked)
     checked_at = found.pop("checked_at")
     return {**found, "checked_at_ms": epoch_ms(checked_at)}
-
-
-def epoch_ms(at: float | None) -> int | None:
-    """A time in epoch seconds as integer epoch milliseconds, the unit of all ``--json`` times."""
-    return None if at is None else round(at * 1000)
-
-
-def _run(run: RunRow) -> dict[str, Any]:
-    data = run.to_dict()
-    started_at, ended_at = data.pop("started_at"), data.pop("ended_at")
-    return {**data, "started_at_ms": epoch_ms(started_at), "ended_at_ms": epoch_ms(ended_at)}
 
 
 def _job_tick(tick: dict[str, Any]) -> dict[str, Any]:

@@ -224,6 +224,25 @@ def _init_failure(exc: BaseException) -> str:
     return first_line(exc)
 
 
+def _token_refused(exc: BaseException | None) -> bool:
+    """Whether ``exc`` or one of its causes says the cluster wants a token it did not get."""
+    while exc is not None:
+        if type(exc).__name__ == "AuthenticationError" or "InvalidAuthToken" in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _token_refusal(target: str) -> str:
+    """One line for a cluster with token authentication that refused this process."""
+    sent = os.environ.get("RAY_AUTH_MODE") == "token"
+    why = "refused the token this process sent" if sent else "requires a token; none was sent"
+    return (
+        f"ray: {target} {why}: set RAY_AUTH_MODE=token and the cluster's token in "
+        "RAY_AUTH_TOKEN, a file named by RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token"
+    )
+
+
 class _Connection:
     """This process's connection to Ray, shared by every executor; shut down by its last user.
 
@@ -311,6 +330,8 @@ def _init(target: str, parallelism: int | None) -> None:
     except ValueError as exc:
         raise UsageError(f"ray_address {target!r}: {first_line(exc)}", "ray_address") from None
     except Exception as exc:
+        if _token_refused(exc):
+            raise CompactorError(_token_refusal(target)) from None
         raise CompactorError(f"ray: cannot connect to {target}: {_init_failure(exc)}") from None
     finally:
         # ray.init makes SIGTERM exit the process; the caller's handler stops a run cleanly.

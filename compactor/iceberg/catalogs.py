@@ -27,6 +27,7 @@ from compactor.errors import (
     UsageError,
     first_line,
 )
+from compactor.iceberg.catalog_probe import catalog_timeout_s, missing_driver, probe_catalog
 from compactor.iceberg.pyiceberg_compat import with_s3_retries
 from compactor.redaction import register_secrets
 
@@ -58,7 +59,13 @@ def embedded_catalog() -> SqlCatalog:
 
 
 # Drivers a catalog may need, and the extra that installs each.
-EXTRA_FOR_MODULE = {"psycopg2": "postgres", "boto3": "s3", "botocore": "s3", "ray": "ray"}
+EXTRA_FOR_MODULE = {
+    "psycopg2": "postgres",
+    "boto3": "s3",
+    "botocore": "s3",
+    "ray": "ray",
+    "thrift": "hive",
+}
 
 
 def catalog_properties(name: str | None, config: Config | None = None) -> dict[str, Any] | None:
@@ -76,11 +83,13 @@ def catalog_properties(name: str | None, config: Config | None = None) -> dict[s
     return properties
 
 
-def open_catalog(name: str | None) -> Catalog:
+def open_catalog(name: str | None, timeout: str | None = None) -> Catalog:
     """Open the catalog named ``name``, pyiceberg's configured default, or the embedded one.
 
     The embedded catalog answers to its own name too, unless a catalog of that name is configured.
-    The configuration is read now, not when pyiceberg was imported, and passed on as is.
+    The configuration is read now, not when pyiceberg was imported, and passed on as is. A
+    catalog whose server accepts no connection within ``timeout`` (``--catalog-timeout``; see
+    :func:`~compactor.iceberg.catalog_probe.catalog_timeout_s`) is reported unreachable.
     """
     config = Config()
     properties = catalog_properties(name, config)
@@ -88,22 +97,30 @@ def open_catalog(name: str | None) -> Catalog:
         return embedded_catalog()
     name = name or config.get_default_catalog_name()
     register_secrets(properties)
+    driver = missing_driver(properties)  # a missing driver says more than an unreachable server
+    if driver is not None:
+        raise _needs_module(name, driver)
+    probe_catalog(name, properties, catalog_timeout_s(timeout))
     try:
         return load_catalog(name, **cast(dict[str, str | None], with_s3_retries(properties)))
     except Exception as exc:
         missing = _missing_module(exc)
         if missing:
-            extra = EXTRA_FOR_MODULE.get(missing.split(".")[0])
-            how = f"pip install 'compactor[{extra}]'" if extra else f"pip install {missing}"
-            raise ConfigError(
-                f"catalog {name!r}: needs the Python module {missing!r}, which is not "
-                f"installed ({how})"
-            ) from exc
+            raise _needs_module(name, missing) from exc
         if _unreachable(exc):
             raise CatalogUnreachableError(
                 f"catalog {name!r} is unreachable: {first_line(exc)}"
             ) from exc
         raise ConfigError(f"catalog {name!r}: {first_line(exc)}") from exc
+
+
+def _needs_module(name: str, module: str) -> ConfigError:
+    """The error for catalog ``name`` needing ``module``, naming the extra that installs it."""
+    extra = EXTRA_FOR_MODULE.get(module.split(".")[0])
+    how = f"pip install 'compactor[{extra}]'" if extra else f"pip install {module}"
+    return ConfigError(
+        f"catalog {name!r}: needs the Python module {module!r}, which is not installed ({how})"
+    )
 
 
 # Exceptions (by class name, so that no optional driver is imported) meaning that the catalog's
@@ -124,11 +141,24 @@ _UNREACHABLE = frozenset(
 )
 
 
+# What a database that answered says when it refuses the settings' user, password or database
+# (PostgreSQL, MySQL): a configuration error, not an unreachable catalog.
+_LOGIN_REFUSED = (
+    "password authentication failed",
+    "no pg_hba.conf entry",
+    "FATAL:  role",
+    "FATAL:  database",
+    "Access denied for user",
+)
+
+
 def _unreachable(exc: BaseException | None) -> bool:
     """Whether ``exc``, or anything in its chain of causes, says the server did not answer."""
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
+        if any(m in str(exc) for m in _LOGIN_REFUSED):
+            return False
         if any(cls.__name__ in _UNREACHABLE for cls in type(exc).__mro__):
             return True
         exc = exc.__cause__ or exc.__context__

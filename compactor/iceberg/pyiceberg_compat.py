@@ -24,7 +24,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyarrow.fs import AwsStandardS3RetryStrategy
 from pyiceberg.avro.decoder import BinaryDecoder, new_decoder
-from pyiceberg.avro.file import META_SCHEMA, AvroFile, AvroFileHeader, AvroOutputFile
+from pyiceberg.avro.file import (
+    META_SCHEMA,
+    SYNC_SIZE,
+    AvroFile,
+    AvroFileHeader,
+    AvroOutputFile,
+)
 from pyiceberg.avro.reader import DoubleReader
 from pyiceberg.avro.resolver import construct_reader, resolve_reader
 from pyiceberg.expressions import AlwaysTrue, BooleanExpression
@@ -254,6 +260,12 @@ def _with_lineage(
             )
         offset += rows
         yield batch
+
+
+def live_positions(deleted: list[pa.ChunkedArray], start: int, end: int) -> pa.Array:
+    """The positions in ``[start, end)`` of a data file that ``deleted`` does not list, as
+    offsets from ``start`` (for ``RecordBatch.take``), as pyiceberg's read path computes them."""
+    return _combine_positional_deletes(deleted, start, end)
 
 
 def read_position_deletes(io: FileIO, delete_file: DataFile) -> dict[str, pa.ChunkedArray]:
@@ -616,6 +628,11 @@ def _field(record: Record, position: int) -> Any:
     return record[position] if len(record) > position else None
 
 
+def record_values(record: Record) -> list[Any]:
+    """A record's values, in order (the list itself: not to be changed)."""
+    return record._data
+
+
 def first_row_id(data_file: DataFile) -> int | None:
     """The row id of the data file's first row (v3; inherited values included), or None."""
     return _field(data_file, _FIRST_ROW_ID)
@@ -724,6 +741,24 @@ class _CachedReaderAvroFile(AvroFile[Any]):
 _HEADER_READER = construct_reader(META_SCHEMA, {-1: AvroFileHeader})
 
 
+def avro_blocks(data: bytes) -> tuple[str, Iterator[tuple[int, BinaryDecoder]]]:
+    """An Avro file's writer schema (its JSON) and its blocks: (records, decoder) each,
+    decompressed, sync markers checked (as pyiceberg's ``AvroFile`` reads them)."""
+    decoder = new_decoder(data)
+    header = _HEADER_READER.read(decoder)
+    codec = header.compression_codec()
+
+    def blocks() -> Iterator[tuple[int, BinaryDecoder]]:
+        while decoder.tell() < len(data):
+            records = decoder.read_int()
+            block = decoder.read_bytes()
+            yield records, new_decoder(codec.decompress(block) if codec else block)
+            if decoder.read(SYNC_SIZE) != header.sync:
+                raise ValueError("Avro block not followed by the file's sync marker")
+
+    return header.meta[AVRO_SCHEMA_KEY], blocks()
+
+
 def manifest_entries(
     io: FileIO, manifest: ManifestFile, format_version: int, discard_deleted: bool = True
 ) -> list[ManifestEntry]:
@@ -741,7 +776,16 @@ def manifest_entries(
         read_types={-1: ManifestEntry, 2: DataFile},
         read_enums={0: ManifestEntryStatus, 101: FileFormat, 134: DataFileContent},
     ) as reader:
-        entries = [_inherit_from_manifest(entry, manifest) for entry in reader]
+        return with_inherited_values(list(reader), manifest, discard_deleted)
+
+
+def with_inherited_values(
+    entries: list[ManifestEntry], manifest: ManifestFile, discard_deleted: bool = True
+) -> list[ManifestEntry]:
+    """``entries`` as read from ``manifest``, with what they inherit from it filled in
+    (snapshot id, sequence numbers, spec id; for v3, first row ids): see
+    :func:`manifest_entries`."""
+    entries = [_inherit_from_manifest(entry, manifest) for entry in entries]
     next_row_id = manifest_first_row_id(manifest)
     if next_row_id is not None and manifest.content == ManifestContent.DATA:
         for entry in entries:

@@ -37,6 +37,7 @@ from typing import Any, Literal
 from pydantic import Field
 from pyiceberg.catalog import Catalog, MetastoreCatalog
 from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.manifest import ManifestFile
 from pyiceberg.serializers import FromInputFile
 from pyiceberg.table import CommitTableResponse, Table, TableProperties
 from pyiceberg.table.metadata import TableMetadata
@@ -60,9 +61,14 @@ from pyiceberg.utils.properties import property_as_int
 
 from compactor.commit.retry import RetryPolicy
 from compactor.durations import parse_cutoff
-from compactor.errors import CommitConflictError, ConfigError, UsageError
+from compactor.errors import CommitConflictError, ConfigError, UsageError, not_writable_error
 from compactor.iceberg.pyiceberg_compat import snapshot_manifests
-from compactor.iceberg.references import FileRef, References, table_references
+from compactor.iceberg.references import (
+    FileRef,
+    References,
+    manifest_file_refs,
+    snapshot_references,
+)
 from compactor.maintain.guards import (
     EXPIRE,
     Fences,
@@ -351,17 +357,45 @@ def _with_sizes(table: Table, refs: list[FileRef]) -> list[FileRef]:
         return list(pool.map(sized, refs))
 
 
-def _unreachable(before: References, after: References) -> list[FileRef]:
-    kept = after.keys()
-    gone = []
-    for location, ref in before.files.items():
-        try:
-            key = location_key(location)
-        except UnsafePathError:
-            continue  # never delete what cannot be compared safely
-        if key not in kept:
-            gone.append(ref)
-    return gone
+Reach = tuple[References, list[ManifestFile]]
+
+
+def _unreachable(table: Table, before: Reach, after: Reach) -> list[FileRef]:
+    """The files ``before`` reaches and ``after`` does not (each a :func:`snapshot_references`).
+
+    A manifest ``after`` still reaches keeps every file it lists: only the manifests it no
+    longer reaches are read for candidates, then those it reaches for the paths that keep a
+    candidate. Memory holds the candidates, never every file of the table.
+    """
+    (before_refs, before_manifests), (after_refs, after_manifests) = before, after
+    kept = after_refs.keys()
+    gone = _not_in(before_refs.files.values(), kept)
+    dropped = [m for m in before_manifests if _key(m.manifest_path) not in kept]
+    candidates = {
+        _key(ref.location): ref for ref in _not_in(manifest_file_refs(table, dropped), kept)
+    }
+    if candidates:
+        for ref in manifest_file_refs(table, after_manifests):
+            candidates.pop(_key(ref.location), None)
+    return gone + list(candidates.values())
+
+
+def _key(location: str) -> str | None:
+    try:
+        return location_key(location)
+    except UnsafePathError:
+        return None
+
+
+def _not_in(refs: Iterable[FileRef], keys: set[str]) -> list[FileRef]:
+    """``refs`` whose location keys are not in ``keys``; never one whose location cannot be
+    compared safely."""
+    found = []
+    for ref in refs:
+        key = _key(ref.location)
+        if key is not None and key not in keys:
+            found.append(ref)
+    return found
 
 
 class AssertRefsUnchanged(ValidatableTableRequirement):
@@ -431,7 +465,13 @@ def _commit_expiry(table: Table, plan: ExpiryPlan) -> CommitTableResponse:
         updates.append(RemovePartitionSpecsUpdate(spec_ids=plan.remove_spec_ids))
     if plan.remove_schema_ids:
         updates.append(RemoveSchemasUpdate(schema_ids=plan.remove_schema_ids))
-    response = table.catalog.commit_table(table, tuple(requirements), tuple(updates))
+    try:
+        response = table.catalog.commit_table(table, tuple(requirements), tuple(updates))
+    except OSError as exc:  # the catalog could not write the new metadata file: not committed
+        refused = not_writable_error(".".join(table.name()), exc)
+        if refused is None:
+            raise
+        raise refused from exc
     table.refresh()
     return response
 
@@ -558,10 +598,10 @@ def expire_snapshots(
         work = plan.changes
         if fences is None and (work or _deletes_metadata_files(table)):
             fences = other_tables_fences(catalog or table.catalog, table, identifier)
-        before = table_references(table)
+        before = snapshot_references(table)
         if dry_run or not work:
             retained = [s for s in table.metadata.snapshots if s.snapshot_id in plan.retain]
-            after = table_references(table, retained)
+            after = snapshot_references(table, retained)
             break
         try:
             response = _commit_expiry(table, plan)
@@ -589,11 +629,11 @@ def expire_snapshots(
                 f"({type(table.catalog).__name__} cannot assert that none appears); no files "
                 "were deleted"
             )
-        after = table_references(table)
+        after = snapshot_references(table)
         break
     report = DeletionReport(dry_run)
     delete_unreachable(
-        table, _unreachable(before, after), dry_run=dry_run, report=report, fences=fences
+        table, _unreachable(table, before, after), dry_run=dry_run, report=report, fences=fences
     )
     would_commit = dry_run and plan.changes
     metadata_files = old_metadata_files(table, after_commit=would_commit)

@@ -15,11 +15,13 @@ refused; so are tables with ``gc.enabled=false``. The intent files of a run that
 
 from __future__ import annotations
 
+import json
+import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, Any
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
@@ -27,7 +29,7 @@ from pyiceberg.table import Table
 from compactor.commit.inflight import RECORD_SLOTS, read_record, recorded_files
 from compactor.durations import format_duration, format_time, parse_cutoff
 from compactor.errors import UsageError
-from compactor.iceberg.references import FileRef, table_references
+from compactor.iceberg.references import FileRef, referenced_keys
 from compactor.maintain.expire import MAX_LISTED_PATHS, DeletionReport, delete_unreachable
 from compactor.maintain.guards import (
     REMOVE_ORPHANS,
@@ -119,7 +121,32 @@ def find_orphans(
     locations, which are never swept.
     """
     root = root or table.metadata.location
-    listing: list[StoredFile] = list(list_files(table.io, root))
+    with tempfile.TemporaryFile("w+", encoding="utf-8") as spill:
+        listing = _SpilledListing(spill, list_files(table.io, root))
+        return _compare(table, listing, cutoff_ms, catalog, root)
+
+
+class _SpilledListing:
+    """A storage listing written to ``spill`` (a temporary file), not held in memory;
+    iterated as often as needed."""
+
+    def __init__(self, spill: IO[str], files: Iterable[StoredFile]) -> None:
+        self._file = spill
+        self.count = 0
+        for f in files:
+            self._file.write(json.dumps([f.location, f.size, f.mtime_ms, f.symlink]) + "\n")
+            self.count += 1
+
+    def __iter__(self) -> Iterator[StoredFile]:
+        self._file.seek(0)
+        for line in self._file:
+            yield StoredFile(*json.loads(line))
+
+
+def _compare(
+    table: Table, listing: _SpilledListing, cutoff_ms: int, catalog: Catalog | None, root: str
+) -> OrphanScan:
+    """The scan of ``listing`` (of ``root``) against the table's references, read after it."""
     # The run record (and its runs' intent files) before the metadata: a run records each file
     # before creating it, and releases its record only after committing or deleting its files,
     # so a listed file is in one or the other.
@@ -129,8 +156,8 @@ def find_orphans(
     check_gc_enabled(table, identifier, REMOVE_ORPHANS)
     fences = other_tables_fences(catalog or table.catalog, table, identifier, sweep=True)
     tables_in_listing(table, (stored.location for stored in listing), fences)
-    referenced = table_references(table).keys() | _protected_metadata(table)
-    scan = OrphanScan(listed=len(listing))
+    referenced = referenced_keys(table) | _protected_metadata(table)
+    scan = OrphanScan(listed=listing.count)
     for stored in listing:
         try:
             key = location_key(stored.location)
@@ -174,9 +201,14 @@ class OrphanResult:
     duration_s: float = 0.0
 
     @property
+    def orphan_locations(self) -> list[str]:
+        """Every orphan file's location, sorted."""
+        return sorted(ref.location for ref in self.scan.orphans)
+
+    @property
     def listed_orphans(self) -> list[str]:
         """The orphan files' locations, sorted: at most MAX_LISTED_PATHS."""
-        return sorted(ref.location for ref in self.scan.orphans)[:MAX_LISTED_PATHS]
+        return self.orphan_locations[:MAX_LISTED_PATHS]
 
     def to_dict(self) -> dict[str, Any]:
         return {

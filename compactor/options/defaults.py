@@ -93,6 +93,14 @@ MIN_ORPHAN_AGE_MS = DAY_MS
 DEFAULT_MIN_SMALL_FILES = 12
 DEFAULT_MIN_DELETE_FILES = 8
 DEFAULT_COOLDOWN = "15m"
+# The daemon's [rewrite_deletes] triggers, per partition. Equality deletes are converted once a
+# partition holds this many equality-delete files (unless a compaction rewrites its data files
+# anyway): on the CDC benchmark one file already makes Iceberg Java's scan several times slower
+# than after its conversion, which costs less than half a rewrite (docs/benchmarks.md).
+# Position-delete files are merged once a partition holds this many (Iceberg's
+# rewrite_position_delete_files min-input-files).
+DEFAULT_MIN_EQUALITY_DELETE_FILES = 1
+DEFAULT_MIN_POSITION_DELETE_FILES = 5
 
 # Manifests: a manifest rewrite writes manifests of about this size (Iceberg's
 # commit.manifest.target-size-bytes, default 8 MB). A group of manifests (one content, one spec)
@@ -105,3 +113,5 @@ MAX_MANIFEST_FILL = 1.5
 # The daemon's trigger: rewrite a table's manifests once it has this many (Iceberg's
 # commit.manifest.min-count-to-merge), then rest for the cool-down.
 DEFAULT_MIN_MANIFESTS = 100
+# How long a catalog's server may take to accept a connection before it is reported unreachable.
+DEFAULT_CATALOG_TIMEOUT = "5s"

@@ -57,6 +57,18 @@ class PartitionHealth:
 
 
 @dataclass
+class PartitionDeletes:
+    """The delete files of one partition: equality deletes and Parquet position deletes."""
+
+    equality_delete_files: int = 0
+    position_delete_files: int = 0  # deletion vectors are counted per table only
+
+    def add(self, other: PartitionDeletes) -> None:
+        self.equality_delete_files += other.equality_delete_files
+        self.position_delete_files += other.position_delete_files
+
+
+@dataclass
 class FileCounts:
     """File counts and sizes of some manifests: one manifest's, or a whole snapshot's."""
 
@@ -69,6 +81,9 @@ class FileCounts:
     equality_delete_files: int = 0
     deletion_vectors: int = 0
     partitions: dict[str, PartitionHealth] = field(default_factory=dict)
+    # Per partition holding equality or position delete files (a global delete's is the
+    # partition of its unpartitioned spec).
+    partition_deletes: dict[str, PartitionDeletes] = field(default_factory=dict)
 
     def add(self, other: FileCounts) -> None:
         """Add ``other``'s counts to these."""
@@ -82,6 +97,8 @@ class FileCounts:
         self.deletion_vectors += other.deletion_vectors
         for name, part in other.partitions.items():
             self.partitions.setdefault(name, PartitionHealth(name)).add(part)
+        for name, deletes in other.partition_deletes.items():
+            self.partition_deletes.setdefault(name, PartitionDeletes()).add(deletes)
 
 
 @dataclass
@@ -171,21 +188,25 @@ def _manifest_counts(table: Table, manifest: ManifestFile, small: int) -> FileCo
     specs, schema = table.metadata.specs(), table.schema()
     for entry in manifest_entries(table.io, manifest, table.metadata.format_version):
         data_file = entry.data_file
-        if data_file.content != DataFileContent.DATA:
-            kind = delete_kind(data_file)
-            if kind == "position":
-                counts.position_delete_files += 1
-            elif kind == "equality":
-                counts.equality_delete_files += 1
-            else:
-                counts.deletion_vectors += 1
-            continue
         spec = specs[data_file.spec_id]
         name = (
             spec.partition_to_path(data_file.partition, schema)
             if not is_unpartitioned(spec)
             else ""
         ) or "(unpartitioned)"
+        if data_file.content != DataFileContent.DATA:
+            kind = delete_kind(data_file)
+            if kind == "deletion_vector":
+                counts.deletion_vectors += 1
+                continue
+            deletes = counts.partition_deletes.setdefault(name, PartitionDeletes())
+            if kind == "position":
+                counts.position_delete_files += 1
+                deletes.position_delete_files += 1
+            else:
+                counts.equality_delete_files += 1
+                deletes.equality_delete_files += 1
+            continue
         part = counts.partitions.setdefault(name, PartitionHealth(name))
         size = data_file.file_size_in_bytes
         counts.data_files += 1

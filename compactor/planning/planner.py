@@ -2,9 +2,13 @@
 
 A :class:`Plan` names the snapshot it was made from, every input file with the position deletes
 that apply to it, and the groups to rewrite. It stays in the driver: besides the groups it keeps
-what only the commit needs (manifest entries, the start snapshot's manifests, which data files
-each delete file applies to). What leaves the driver are :class:`compactor.planning.tasks.RewriteTask`
-objects made from its groups.
+what only the commit needs (which manifest lists each input, the start snapshot's manifests,
+which data files each delete file applies to). What leaves the driver are
+:class:`compactor.planning.tasks.RewriteTask` objects made from its groups.
+
+Data manifests are read without column metrics (:mod:`compactor.iceberg.manifest_decoder`) a
+few at a time, and each candidate is kept as a :class:`PlannedFile`: a million fit in about
+350 MB. The commit reads the full entries again, from the manifests that hold rewritten files.
 """
 
 from __future__ import annotations
@@ -12,17 +16,21 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from functools import partial
+from operator import attrgetter
 from typing import Any
 
 from pyiceberg.expressions import AlwaysTrue, BooleanExpression
 from pyiceberg.expressions.parser import parse as parse_filter
-from pyiceberg.expressions.visitors import bind
+from pyiceberg.expressions.visitors import bind, extract_field_ids
+from pyiceberg.io import FileIO
 from pyiceberg.manifest import (
+    DATA_FILE_TYPE,
     INITIAL_SEQUENCE_NUMBER,
     DataFile,
     DataFileContent,
+    ManifestContent,
     ManifestEntry,
     ManifestFile,
 )
@@ -37,23 +45,25 @@ from pyiceberg.typedef import Record
 
 from compactor.errors import UsageError, first_line
 from compactor.iceberg.interop import refuse_fixed_partitions
+from compactor.iceberg.manifest_decoder import planning_entries, read_in_order
 from compactor.iceberg.pyiceberg_compat import (
     POSITION_DELETE_FILE_PATH_ID,
     FilePruner,
     PositionDeleteIndex,
     delete_file_key,
+    first_row_id,
     is_deletion_vector,
     manifest_entries,
+    record_values,
     referenced_data_file,
     snapshot_manifests,
 )
 from compactor.iceberg.value_keys import PartitionKey, partition_key
 from compactor.options.compact import PlanOptions
-from compactor.options.defaults import MANIFEST_READERS
 from compactor.planning.sort_order import Clustering, resolve_clustering
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TaskInput:
     """One input data file, its sequence numbers and the delete files that apply to it.
 
@@ -81,13 +91,113 @@ class TaskInput:
     def size(self) -> int:
         return self.data_file.file_size_in_bytes
 
+    @property
+    def record_count(self) -> int:
+        return self.data_file.record_count
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, slots=True)
 class InputFile(TaskInput):
     """A task input as the driver sees it: also where its manifest entry is, for the commit."""
 
     manifest_path: str = ""
     entry: ManifestEntry | None = None
+
+
+# A data file's values but its own (path, counts, first row id), then its spec id: what the
+# data files of one partition written alike share.
+Shape = tuple[Any, ...]
+# Where a data file's own values are among its fields (v2's fields are the first of v3's).
+_POSITIONS = {f.name: i for i, f in enumerate(DATA_FILE_TYPE[3].fields)}
+_PARTITION = _POSITIONS["partition"]
+_OWN = tuple(
+    _POSITIONS[name] for name in ("file_path", "record_count", "file_size_in_bytes", "first_row_id")
+)
+
+
+class PlannedFile(InputFile):
+    """An input as planning keeps a million of them, read from ``manifest_path``.
+
+    It keeps its data file's own values (the path as UTF-8 bytes, 16 bytes less than a str and
+    sorted alike; counts; first row id) beside the :data:`Shape` the files of its partition
+    share, and builds the ``DataFile`` when asked for it. A data file with values of its own
+    (column metrics) is kept whole instead.
+    """
+
+    __slots__ = ("_shape", "path_bytes", "_records", "_size", "_first_row_id")
+    _shape: Shape | DataFile
+    path_bytes: bytes
+    _records: int
+    _size: int
+    _first_row_id: int | None
+
+    def __init__(
+        self,
+        data_file: DataFile,
+        data_sequence_number: int,
+        delete_files: tuple[DataFile, ...],
+        file_sequence_number: int | None,
+        manifest_path: str,
+        shape: Shape | None,
+    ) -> None:
+        for name, value in (
+            ("data_sequence_number", data_sequence_number),
+            ("delete_files", delete_files),
+            ("file_sequence_number", file_sequence_number),
+            ("manifest_path", manifest_path),
+            ("entry", None),
+            ("_shape", data_file if shape is None else shape),
+            ("path_bytes", data_file.file_path.encode()),
+            ("_records", data_file.record_count),
+            ("_size", data_file.file_size_in_bytes),
+            ("_first_row_id", first_row_id(data_file)),
+        ):
+            object.__setattr__(self, name, value)
+
+    @property
+    def data_file(self) -> DataFile:
+        if isinstance(self._shape, DataFile):
+            return self._shape
+        *values, spec_id = self._shape
+        own = (self.path, self._records, self._size, self._first_row_id)
+        for position, value in zip(_OWN, own, strict=True):
+            if position < len(values):
+                values[position] = value
+        data_file = DataFile(*values)
+        data_file.spec_id = spec_id
+        return data_file
+
+    @property
+    def path(self) -> str:
+        return self.path_bytes.decode()
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    @property
+    def record_count(self) -> int:
+        return self._records
+
+
+def shared_shape(data_file: DataFile, key: PartitionKey, shapes: dict[Any, Shape]) -> Shape | None:
+    """``data_file``'s :data:`Shape` for :class:`PlannedFile`, the one instance in ``shapes`` of
+    the files of partition ``key`` written alike; None when it has values of its own (column
+    metrics)."""
+    values = list(record_values(data_file))
+    for position in _OWN:
+        if position < len(values):
+            values[position] = None
+    values[_PARTITION] = key
+    lookup = (*values, data_file.spec_id)
+    try:
+        shape = shapes.get(lookup)
+    except TypeError:  # metrics maps
+        return None
+    if shape is None:
+        values[_PARTITION] = data_file.partition
+        shape = shapes[lookup] = (*values, data_file.spec_id)
+    return shape
 
 
 @dataclass
@@ -114,7 +224,7 @@ class FileGroup:
 
     @property
     def input_records(self) -> int:
-        return sum(f.data_file.record_count for f in self.files)
+        return sum(f.record_count for f in self.files)
 
     @property
     def delete_files(self) -> dict[str, DataFile]:
@@ -227,10 +337,12 @@ def parse_where(table: Table, where: str | None) -> BooleanExpression:
 
 
 @dataclass
-class _ManifestScan:
-    data: list[tuple[ManifestEntry, str]] = field(default_factory=list)
+class _DeleteScan:
+    """The delete files of a snapshot's delete manifests, indexed for matching data files."""
+
     live_entries: dict[str, int] = field(default_factory=dict)
     position_deletes: PositionDeleteIndex = field(default_factory=PositionDeleteIndex)
+    has_position_deletes: bool = False
     # Deletion vectors by the data file they name, with their data sequence numbers.
     deletion_vectors: dict[str, list[tuple[int, DataFile]]] = field(
         default_factory=lambda: defaultdict(list)
@@ -239,28 +351,24 @@ class _ManifestScan:
     delete_files: list[DataFile] = field(default_factory=list)
 
 
+ReadManifest = Callable[[FileIO, ManifestFile, int], list[ManifestEntry]]
+
+
 def read_manifests(
-    table: Table, manifests: Iterable[ManifestFile]
+    table: Table, manifests: Iterable[ManifestFile], read: ReadManifest = manifest_entries
 ) -> Iterator[tuple[ManifestFile, list[ManifestEntry]]]:
-    """Each of ``manifests`` with its live entries, in order, read MANIFEST_READERS at a time."""
+    """Each of ``manifests`` with its live entries (as ``read`` reads them), in order
+    (:func:`~compactor.iceberg.manifest_decoder.read_in_order`)."""
     io, version = table.io, table.metadata.format_version
-
-    def read(manifest: ManifestFile) -> tuple[ManifestFile, list[ManifestEntry]]:
-        return manifest, manifest_entries(io, manifest, version)
-
-    with ThreadPoolExecutor(MANIFEST_READERS) as pool:
-        yield from pool.map(read, manifests)
+    return read_in_order(lambda manifest: read(io, manifest, version), manifests)
 
 
-def _read_manifests(table: Table, manifests: Iterable[ManifestFile]) -> _ManifestScan:
-    scan = _ManifestScan()
+def _read_delete_manifests(table: Table, manifests: Iterable[ManifestFile]) -> _DeleteScan:
+    scan = _DeleteScan()
     for manifest, entries in read_manifests(table, manifests):
         scan.live_entries[manifest.manifest_path] = len(entries)
         for entry in entries:
             content = entry.data_file.content
-            if content == DataFileContent.DATA:
-                scan.data.append((entry, manifest.manifest_path))
-                continue
             scan.delete_files.append(entry.data_file)
             if is_deletion_vector(entry.data_file):
                 seq = entry.sequence_number or INITIAL_SEQUENCE_NUMBER
@@ -268,9 +376,21 @@ def _read_manifests(table: Table, manifests: Iterable[ManifestFile]) -> _Manifes
                 scan.deletion_vectors[target].append((seq, entry.data_file))
             elif content == DataFileContent.POSITION_DELETES:
                 scan.position_deletes.add_delete_file(entry)
+                scan.has_position_deletes = True
             else:
                 scan.equality_deletes.append(entry)
     return scan
+
+
+def _metric_ids(
+    table: Table, row_filter: BooleanExpression, clustering: Clustering | None
+) -> frozenset[int]:
+    """The columns whose metrics planning and the tasks read: those ``row_filter`` prunes by,
+    and the z-order columns (their bounds scale each group's z-values)."""
+    ids = extract_field_ids(bind(table.schema(), row_filter, case_sensitive=True))
+    if clustering is not None and clustering.strategy == "zorder":
+        ids |= {f.field_id for f in clustering.fields}
+    return frozenset(ids)
 
 
 def is_unpartitioned(spec: PartitionSpec) -> bool:
@@ -311,6 +431,8 @@ class EqualityDeleteIndex:
                 self.by_partition[key].append((seq, delete_file))
 
     def for_data_file(self, entry: ManifestEntry) -> list[DataFile]:
+        if not self.sequence_numbers:
+            return []
         seq = entry.sequence_number or INITIAL_SEQUENCE_NUMBER
         key = (entry.data_file.spec_id, partition_key(entry.data_file.partition))
         scoped = self.global_deletes + self.by_partition.get(key, [])
@@ -328,36 +450,49 @@ def file_scoped_deleted_rows(data_file: DataFile, deletes: Iterable[DataFile]) -
     are both this file's path, deletes only rows of this file, so its record count counts;
     others are not counted.
     """
-    path = data_file.file_path.encode()
+    return _file_scoped_deleted_rows(data_file.file_path, data_file.record_count, deletes)
+
+
+def _file_scoped_deleted_rows(path: str, record_count: int, deletes: Iterable[DataFile]) -> int:
+    encoded = path.encode()
     rows = 0
     for d in deletes:
         if d.content != DataFileContent.POSITION_DELETES:
             continue
         lower, upper = (d.lower_bounds or {}), (d.upper_bounds or {})
-        if referenced_data_file(d) == data_file.file_path or (
+        if referenced_data_file(d) == path or (
             lower.get(POSITION_DELETE_FILE_PATH_ID)
             == upper.get(POSITION_DELETE_FILE_PATH_ID)
-            == path
+            == encoded
         ):
             rows += d.record_count
-    return min(rows, data_file.record_count)
+    return min(rows, record_count)
 
 
 def too_many_deletes(
     data_file: DataFile, deletes: Sequence[DataFile], options: PlanOptions
 ) -> bool:
     """Whether a file's deletes make it a candidate whatever its size (Spark's thresholds)."""
+    return _too_many_deletes(data_file.file_path, data_file.record_count, deletes, options)
+
+
+def _too_many_deletes(
+    path: str, record_count: int, deletes: Sequence[DataFile], options: PlanOptions
+) -> bool:
     threshold = options.delete_file_threshold
     if threshold is not None and len(deletes) >= threshold:
         return True
-    deleted = file_scoped_deleted_rows(data_file, deletes)
-    return data_file.record_count > 0 and deleted / data_file.record_count >= (
-        options.delete_ratio_threshold
-    )
+    deleted = _file_scoped_deleted_rows(path, record_count, deletes)
+    return record_count > 0 and deleted / record_count >= options.delete_ratio_threshold
 
 
 def _pack(files: list[InputFile], max_group_size: int) -> list[list[InputFile]]:
-    """Fill groups in write order up to ``max_group_size`` (keeps clustered data together)."""
+    """Fill groups in write order up to ``max_group_size`` (keeps clustered data together).
+
+    Files that all fit in one group are that group: ``files`` itself, not a copy.
+    """
+    if files and sum(f.size for f in files) <= max_group_size:
+        return [files]
     bins: list[list[InputFile]] = [[]]
     size = 0
     for f in files:
@@ -444,12 +579,15 @@ def plan_rewrite(
     all_manifests = snapshot_manifests(table.io, snapshot, metadata.format_version)
     context.start_manifests = frozenset(m.manifest_path for m in all_manifests)
     manifests = [m for m in all_manifests if pruner.manifest_may_match(m)]
-    scan = _read_manifests(table, manifests)
+    scan = _read_delete_manifests(
+        table, [m for m in manifests if m.content == ManifestContent.DELETES]
+    )
     context.manifest_live_entries = scan.live_entries
     equality_deletes = EqualityDeleteIndex(metadata.specs(), scan.equality_deletes)
     # A global equality delete applies across partitions: which data files it reaches is known
     # only when no filter pruned any of them (then it can be retired once they are all rewritten).
-    global_targets_complete = isinstance(row_filter, AlwaysTrue)
+    filtered = not isinstance(row_filter, AlwaysTrue)
+    global_targets_complete = not filtered
     top_level = _top_level_ids(metadata.schema())
 
     # (spec id, partition key); (output spec id, None) for files moving into the output spec.
@@ -458,64 +596,78 @@ def plan_rewrite(
     incomplete: set[str] = set()
     delete_targets: dict[str, set[str]] = defaultdict(set)
     delete_by_key: dict[str, DataFile] = {}
-    for entry, manifest_path in scan.data:
-        data_file = entry.data_file
-        if not pruner.partition_may_match(data_file):
-            continue
-        seq = entry.sequence_number or INITIAL_SEQUENCE_NUMBER
-        dvs = [d for d_seq, d in scan.deletion_vectors.get(data_file.file_path, []) if d_seq >= seq]
-        legacy = scan.position_deletes.for_data_file(seq, data_file)
-        # A DV holds every deleted position of its file (writers merge older position deletes
-        # into it), so readers ignore position delete files there, as Iceberg Java does.
-        deletes = sorted(dvs or legacy, key=delete_file_key)
-        equality = equality_deletes.for_data_file(entry)
-        # Overridden position deletes still target the file: they go once it is rewritten.
-        for delete_file in [*deletes, *equality, *(legacy if dvs else ())]:
-            delete_key = delete_file_key(delete_file)
-            if delete_file.content == DataFileContent.POSITION_DELETES or (
-                global_targets_complete or not is_unpartitioned(specs[delete_file.spec_id])
-            ):
-                delete_targets[delete_key].add(data_file.file_path)
-                delete_by_key[delete_key] = delete_file
-            else:
-                incomplete.add(delete_key)
-        deletes = deletes + equality
-        plan.data_files_scanned += 1
-        if not pruner.file_may_match(data_file):
-            continue
-        size = data_file.file_size_in_bytes
-        wrong_size = size < options.min_file_size or size > options.max_file_size
-        moving = output_spec is not None and data_file.spec_id != output_spec
-        if not (
-            options.rewrite_all
-            or wrong_size
-            or moving
-            or too_many_deletes(data_file, deletes, options)
-        ):
-            continue
-        if any(not set(d.equality_ids or ()) <= top_level for d in equality):
-            plan.skipped["equality_deletes_on_columns_no_longer_in_the_schema"] += 1
-            continue
-        group_key = (
-            (output_spec, None)
-            if moving and output_spec is not None
-            else (data_file.spec_id, partition_key(data_file.partition))
-        )
-        candidates[group_key].append(
-            InputFile(
-                data_file,
-                seq,
-                tuple(deletes),
-                entry.file_sequence_number,
-                manifest_path=manifest_path,
-                entry=entry,
+    shapes: dict[Any, Shape] = {}
+    read = partial(planning_entries, metric_ids=_metric_ids(table, row_filter, plan.clustering))
+    data_manifests = [m for m in manifests if m.content == ManifestContent.DATA]
+    for manifest, entries in read_manifests(table, data_manifests, read):
+        context.manifest_live_entries[manifest.manifest_path] = len(entries)
+        for entry in entries:
+            data_file = entry.data_file
+            if filtered and not pruner.partition_may_match(data_file):
+                continue
+            seq = entry.sequence_number or INITIAL_SEQUENCE_NUMBER
+            path = data_file.file_path
+            dvs = [d for d_seq, d in scan.deletion_vectors.get(path, []) if d_seq >= seq]
+            legacy = (
+                scan.position_deletes.for_data_file(seq, data_file)
+                if scan.has_position_deletes
+                else set()
             )
-        )
+            # A DV holds every deleted position of its file (writers merge older position
+            # deletes into it), so readers ignore position delete files there, as Java does.
+            deletes = sorted(dvs or legacy, key=delete_file_key)
+            equality = equality_deletes.for_data_file(entry)
+            # Overridden position deletes still target the file: they go once it is rewritten.
+            for delete_file in [*deletes, *equality, *(legacy if dvs else ())]:
+                delete_key = delete_file_key(delete_file)
+                if delete_file.content == DataFileContent.POSITION_DELETES or (
+                    global_targets_complete or not is_unpartitioned(specs[delete_file.spec_id])
+                ):
+                    delete_targets[delete_key].add(path)
+                    delete_by_key[delete_key] = delete_file
+                else:
+                    incomplete.add(delete_key)
+            deletes = deletes + equality
+            plan.data_files_scanned += 1
+            if filtered and not pruner.file_may_match(data_file):
+                continue
+            size = data_file.file_size_in_bytes
+            wrong_size = size < options.min_file_size or size > options.max_file_size
+            moving = output_spec is not None and data_file.spec_id != output_spec
+            if not (
+                options.rewrite_all
+                or wrong_size
+                or moving
+                or _too_many_deletes(path, data_file.record_count, deletes, options)
+            ):
+                continue
+            if any(not set(d.equality_ids or ()) <= top_level for d in equality):
+                plan.skipped["equality_deletes_on_columns_no_longer_in_the_schema"] += 1
+                continue
+            in_partition = partition_key(data_file.partition)
+            group_key = (
+                (output_spec, None)
+                if moving and output_spec is not None
+                else (data_file.spec_id, in_partition)
+            )
+            candidates[group_key].append(
+                PlannedFile(
+                    data_file,
+                    seq,
+                    tuple(deletes),
+                    entry.file_sequence_number,
+                    manifest.manifest_path,
+                    shared_shape(data_file, in_partition, shapes),
+                )
+            )
 
     schema = metadata.schema()
     groups: list[FileGroup] = []
-    for (spec_id, key), files in candidates.items():
-        files.sort(key=lambda f: (f.data_sequence_number, f.path))
+    for spec_id, key in list(candidates):
+        files = candidates.pop((spec_id, key))  # the groups alone hold them then
+        # By path, then (stably) by sequence number: no key tuple, no str made per file.
+        files.sort(key=attrgetter("path_bytes"))
+        files.sort(key=attrgetter("data_sequence_number"))
         spec = specs[spec_id]
         partition = Record() if key is None else files[0].data_file.partition
         if key is None:
@@ -552,7 +704,8 @@ def plan_rewrite(
     for number, group in enumerate(groups):
         group.group_id = number
     plan.groups = groups
-    planned = {f.path for g in groups for f in g.files}
+    targeted = set().union(*delete_targets.values())
+    planned = {f.path for g in groups for f in g.files if f.path in targeted}
     plan.equality_delete_sequence_numbers = equality_deletes.sequence_numbers
     if global_targets_complete:  # delete files that apply to nothing go with the next commit
         for delete_file in scan.delete_files:
@@ -632,7 +785,9 @@ def _skip_reason(group: FileGroup, options: PlanOptions) -> str | None:
     if options.rewrite_all or group.repartition:
         return None
     too_large = any(f.size > options.max_file_size for f in group.files)
-    has_deletes = any(too_many_deletes(f.data_file, f.delete_files, options) for f in group.files)
+    has_deletes = any(
+        _too_many_deletes(f.path, f.record_count, f.delete_files, options) for f in group.files
+    )
     if too_large or has_deletes:
         return None
     count = len(group.files)

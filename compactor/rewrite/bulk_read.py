@@ -5,19 +5,22 @@ For those, the Iceberg read path's per-file set-up in Python (schema conversion,
 projection: tens of milliseconds per file, holding the GIL) is pure overhead: pyarrow's
 dataset scanner reads them in parallel in C++ instead.
 
-A file takes this path only when reading it by column name *is* reading it by field id and
-nothing about its rows needs Iceberg's read rules: a small Parquet file of a format 1 or 2 table
-(v3 rows take their lineage from their positions), no delete file applies to it, every column
-of the current schema is a top-level primitive column of the file with the same field id, the
-same name and the same type (string and binary in either width). Every other file goes
-through the Iceberg read path, file by file.
+A file takes this path when nothing about its rows needs more of Iceberg's read rules than a
+scan can carry out: a small Parquet file of a format 1 or 2 table (v3 rows take their lineage
+from their positions), no equality delete applies to it (its position deletes are dropped from
+the scanned batches by position), the table's columns are top-level primitives, and its schema
+has a :class:`~compactor.rewrite.file_projection.Projection`:
+its columns resolved to field ids (its own, or the table's name mapping's for files imported
+without them), renamed, widened by the spec's type promotions, and the columns it lacks filled
+with their identity partition value or null. Every other file goes through the Iceberg read
+path, file by file.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeAlias
@@ -26,16 +29,17 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import PyArrowFileIO
-from pyiceberg.manifest import FileFormat
+from pyiceberg.manifest import DataFileContent, FileFormat
 from pyiceberg.table.metadata import TableMetadata
 
 from compactor.errors import DataFileError, file_error, first_line
-from compactor.iceberg.pyiceberg_compat import VERIFY_PAGE_CHECKSUMS
+from compactor.iceberg.pyiceberg_compat import VERIFY_PAGE_CHECKSUMS, live_positions
+from compactor.rewrite.file_projection import FIELD_ID as FIELD_ID
+from compactor.rewrite.file_projection import Projection, Resolver, fill
 
 if TYPE_CHECKING:
     from compactor.planning.planner import TaskInput
 
-FIELD_ID = b"PARQUET:field_id"
 FOOTER_READERS = 8
 # Scanner read-ahead bounds: rows per batch, batches ahead within a file, files ahead.
 MIN_BATCH_ROWS, MAX_BATCH_ROWS = 1024, 128 * 1024
@@ -50,23 +54,27 @@ TINY_FILE_FACTOR = 256
 # Files whose footers are read and checked, then scanned, at a time (bounds cached footers).
 CHUNK_FILES = 128
 FORMAT = ds.ParquetFileFormat(**VERIFY_PAGE_CHECKSUMS)
-_WIDTHS = {pa.large_string(): pa.string(), pa.large_binary(): pa.binary()}
 
 
-def _signature(schema: pa.Schema) -> dict[str, tuple[bytes | None, pa.DataType]]:
-    """Column name -> (field id, type with string/binary widths unified)."""
-    return {f.name: ((f.metadata or {}).get(FIELD_ID), _WIDTHS.get(f.type, f.type)) for f in schema}
+@dataclass(frozen=True)
+class _Scannable:
+    """A candidate file as a scanner fragment, with how it is read."""
+
+    fragment: ds.ParquetFileFragment
+    projection: Projection
+    constants: dict[int, pa.Scalar]
+    deleted: list[pa.ChunkedArray] | None  # positions of its rows deleted
 
 
 @dataclass(frozen=True)
 class BulkDone:
-    """The batches since the previous marker hold the rows of ``files``, read in bulk."""
+    """The batches since the previous marker hold the live rows of ``files``, read in bulk."""
 
     files: list[TaskInput]
 
     @property
     def records(self) -> int:
-        """Rows the manifests record for ``files``."""
+        """Rows the manifests record for ``files`` (deleted rows included)."""
         return sum(f.data_file.record_count for f in self.files)
 
 
@@ -91,8 +99,10 @@ class BulkRead:
     Candidates are taken CHUNK_FILES at a time: their footers are read (in threads) and
     checked, then consecutive files that pass are scanned together, holding about
     ``read_ahead`` bytes of decoded rows (files and batches read ahead are sized from the
-    footers; measured, not merely configured: see tests/system/test_memory_limit.py). Not
-    ``enabled``, or on a FileIO other than pyiceberg's pyarrow one, every input is read each.
+    footers; measured, not merely configured: see tests/system/test_memory_limit.py).
+    ``positions`` holds the deleted positions of each input with position deletes (read by the
+    caller). Not ``enabled``, or on a FileIO other than pyiceberg's pyarrow one, every input
+    is read each.
     """
 
     def __init__(
@@ -102,12 +112,19 @@ class BulkRead:
         inputs: Sequence[TaskInput],
         expected: pa.Schema,
         read_ahead: int,
+        positions: Mapping[str, list[pa.ChunkedArray]],
         *,
         enabled: bool = True,
     ) -> None:
-        self._io, self._inputs = io, list(inputs)
+        self._io, self._inputs, self._positions = io, list(inputs), positions
         self._expected, self._read_ahead = expected, read_ahead
-        self._wanted = _signature(expected)
+        self._resolver = Resolver(
+            expected,
+            metadata.schema(),
+            metadata.specs(),
+            metadata.name_mapping(),
+            metadata.format_version,
+        )
         self._enabled = (
             enabled
             and isinstance(io, PyArrowFileIO)
@@ -118,17 +135,27 @@ class BulkRead:
     def _candidate(self, f: TaskInput) -> bool:
         return self._enabled and _plain(f) and f.size * FILES_IN_BUDGET <= self._read_ahead
 
-    def _fragment(self, f: TaskInput) -> ds.ParquetFileFragment | None:
-        """``f`` as a scanner fragment if reading it by name is reading it by field id."""
+    def _footer(self, f: TaskInput) -> ds.ParquetFileFragment:
+        """``f`` as a scanner fragment, its footer read."""
         io = self._io
         assert isinstance(io, PyArrowFileIO)
         scheme, netloc, path = io.parse_location(f.path, io.properties)
         try:
             fragment = FORMAT.make_fragment(path, filesystem=io.fs_by_scheme(scheme, netloc))
-            found = _signature(fragment.physical_schema)
+            fragment.physical_schema  # noqa: B018 (reads the footer, in the pool's thread)
         except Exception as exc:
             raise file_error("data", f.path, exc) from exc
-        return fragment if all(found.get(n) == s for n, s in self._wanted.items()) else None
+        return fragment
+
+    def _scannable(self, f: TaskInput, fragment: ds.ParquetFileFragment) -> _Scannable | None:
+        """``f`` with how a scan reads it, if a scan can."""
+        projection = self._resolver.projection(fragment.physical_schema, f.data_file.spec_id)
+        if projection is None:
+            return None
+        constants = projection.constants(f.data_file, self._expected)
+        if constants is None:
+            return None
+        return _Scannable(fragment, projection, constants, self._positions.get(f.path))
 
     def items(self) -> Iterator[Item]:
         """The inputs' batches and markers, in plan order.
@@ -153,40 +180,43 @@ class BulkRead:
                 if not bulk:
                     yield ReadEach(chunk)
                     continue
-                fragments = list(pool.map(self._fragment, chunk))
-                yield from self._runs(chunk, fragments)
+                footers = list(pool.map(self._footer, chunk))
+                scannable = [self._scannable(f, x) for f, x in zip(chunk, footers, strict=True)]
+                yield from self._runs(chunk, scannable)
 
-    def _runs(
-        self, chunk: list[TaskInput], fragments: list[ds.ParquetFileFragment | None]
-    ) -> Iterator[Item]:
+    def _runs(self, chunk: list[TaskInput], files: list[_Scannable | None]) -> Iterator[Item]:
         """Consecutive files of ``chunk`` scanned together where they can be, in order."""
         i = 0
         while i < len(chunk):
             j = i + 1
-            first = fragments[i]
+            first = files[i]
             if first is None:
-                while j < len(chunk) and fragments[j] is None:
+                while j < len(chunk) and files[j] is None:
                     j += 1
                 yield ReadEach(chunk[i:j])
             else:
-                # One scan per file system (data files may live in more than one bucket).
-                # ``filesystem`` wraps the C++ object anew on each access: compare by value.
+                # One scan per file system (data files may live in more than one bucket) and
+                # projection. ``filesystem`` wraps the C++ object anew on each access: compare
+                # by value.
                 while (
                     j < len(chunk)
-                    and (fragment := fragments[j]) is not None
-                    and fragment.filesystem.equals(first.filesystem)
+                    and (other := files[j]) is not None
+                    and other.projection == first.projection
+                    and other.fragment.filesystem.equals(first.fragment.filesystem)
                 ):
                     j += 1
-                run = [f for f in fragments[i:j] if f is not None]
+                run = [f for f in files[i:j] if f is not None]
                 try:
                     yield from self._scan(run)
                 except Exception as exc:
-                    raise _culprit(chunk[i:j], run, self._expected, exc) from exc
+                    raise _culprit(chunk[i:j], run, exc) from exc
                 yield BulkDone(chunk[i:j])
             i = j
 
-    def _scan(self, fragments: list[ds.ParquetFileFragment]) -> Iterator[pa.RecordBatch]:
-        dataset = ds.FileSystemDataset(fragments, self._expected, FORMAT, fragments[0].filesystem)
+    def _scan(self, files: list[_Scannable]) -> Iterator[pa.RecordBatch]:
+        fragments = [f.fragment for f in files]
+        projection = files[0].projection
+        dataset = ds.FileSystemDataset(fragments, projection.scan, FORMAT, fragments[0].filesystem)
         rows = sum(f.metadata.num_rows for f in fragments)
         decoded = sum(
             f.metadata.row_group(i).total_byte_size
@@ -199,29 +229,44 @@ class BulkRead:
         # thread, ahead by several files only when files are tiny; _ahead bounds the rest.
         batch_rows = self._read_ahead // (16 * row_bytes)
         files_ahead = self._read_ahead // (TINY_FILE_FACTOR * max(decoded // len(fragments), 1))
-        yield from dataset.to_batches(
+        scanner = ds.Scanner.from_dataset(
+            dataset,
             batch_size=min(max(batch_rows, MIN_BATCH_ROWS), MAX_BATCH_ROWS),
             batch_readahead=BATCHES_AHEAD,
             fragment_readahead=min(max(files_ahead, 1), MAX_FILES_AHEAD),
             use_threads=False,
         )
+        as_scanned = projection.scan.equals(self._expected, check_metadata=True)
+        if as_scanned and not any(f.deleted for f in files):
+            yield from scanner.to_batches()
+            return
+        by_path = {f.fragment.path: f for f in files}
+        offsets = dict.fromkeys(by_path, 0)  # each file's batches come in order
+        for tagged in scanner.scan_batches():
+            batch, path = tagged.record_batch, tagged.fragment.path
+            one = by_path[path]
+            start = offsets[path]
+            offsets[path] += batch.num_rows
+            if one.deleted:
+                batch = batch.take(live_positions(one.deleted, start, start + batch.num_rows))
+                if not batch.num_rows:
+                    continue
+            yield batch if as_scanned else fill(batch, one.constants, self._expected)
 
 
-def _culprit(
-    files: list[TaskInput],
-    fragments: list[ds.ParquetFileFragment],
-    schema: pa.Schema,
-    exc: Exception,
-) -> DataFileError:
+def _culprit(files: list[TaskInput], scanned: list[_Scannable], exc: Exception) -> DataFileError:
     """The error naming the file of a bulk run that ``exc``, raised scanning the run, came from.
 
     A scan of many files does not say which one failed: each is read again on its own (only
     on failure), and the first that fails is named. A corrupt page under a valid footer then
     makes its file unreadable, as a corrupt footer does.
     """
-    for f, fragment in zip(files, fragments, strict=True):
+    for f, one in zip(files, scanned, strict=True):
+        fragment = one.fragment
         try:
-            dataset = ds.FileSystemDataset([fragment], schema, FORMAT, fragment.filesystem)
+            dataset = ds.FileSystemDataset(
+                [fragment], one.projection.scan, FORMAT, fragment.filesystem
+            )
             for _ in dataset.to_batches(use_threads=False):
                 pass
         except Exception as again:
@@ -298,5 +343,7 @@ def _ahead(items: Iterator[Item], budget: int) -> Iterator[Item]:
 
 
 def _plain(f: TaskInput) -> bool:
-    """Whether ``f``'s rows are exactly its file's rows (no deletes; Parquet)."""
-    return not f.delete_files and f.data_file.file_format == FileFormat.PARQUET
+    """Whether ``f`` is Parquet and only position deletes apply to it."""
+    return f.data_file.file_format == FileFormat.PARQUET and all(
+        d.content == DataFileContent.POSITION_DELETES for d in f.delete_files
+    )

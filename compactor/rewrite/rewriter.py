@@ -297,7 +297,13 @@ def rewrite_files(
             out.io, out.metadata, inputs, positions, equality_sequence_numbers, read_ahead
         )
         bulk = BulkRead(
-            out.io, out.metadata, inputs, writer.arrow_schema, read_ahead, enabled=bulk_read
+            out.io,
+            out.metadata,
+            inputs,
+            writer.arrow_schema,
+            read_ahead,
+            positions,
+            enabled=bulk_read,
         )
         bulk_rows = 0
         for item in bulk.items():
@@ -306,12 +312,17 @@ def rewrite_files(
                 sink.write(item)
                 between_files()
             elif isinstance(item, BulkDone):
-                if bulk_rows != item.records:
+                deleted = sum(
+                    _deleted_count(positions.get(f.path), f.data_file.record_count)
+                    for f in item.files
+                )
+                if bulk_rows + deleted != item.records:
                     raise DataFileError(
-                        f"{label}: read {bulk_rows} rows from {len(item.files)} files, but the "
-                        f"manifests record {item.records}"
+                        f"{label}: read {bulk_rows} live rows + {deleted} deleted from "
+                        f"{len(item.files)} files, but the manifests record {item.records}"
                     )
                 result.records_read += bulk_rows
+                result.rows_deleted += deleted
                 result.bulk_read_files += len(item.files)
                 bulk_rows = 0
                 read(len(item.files), sum(f.size for f in item.files))

@@ -26,11 +26,12 @@ class StoredFile:
 
 def _list_local(root: str) -> Iterator[StoredFile]:
     for directory, subdirs, files in os.walk(root, followlinks=False):
+        regular = set(files)  # a directory of a million files: no list search per file
         for name in files + subdirs:
             path = os.path.join(directory, name)
             info = os.lstat(path)
             is_link = stat.S_ISLNK(info.st_mode)
-            if is_link or (name in files and stat.S_ISREG(info.st_mode)):
+            if is_link or (name in regular and stat.S_ISREG(info.st_mode)):
                 yield StoredFile(
                     f"file://{path}", info.st_size, int(info.st_mtime * 1000), symlink=is_link
                 )

@@ -7,6 +7,7 @@ as pyiceberg.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -20,6 +21,8 @@ from compactor.commit.committer import commit_replace
 from compactor.errors import UsageError
 from compactor.options import resolve_options
 
+from support.cli import compactor as compactor_cli
+from support.cli import embedded
 from support.java_reader import assert_java_reads_same
 from support.rows import assert_same_rows
 from support.runs import DEFAULT_OPTIONS
@@ -154,3 +157,17 @@ def test_a_missing_branch_or_a_tag_is_a_one_line_error_and_nothing_changes(
     with pytest.raises(UsageError, match=r"table db\.events: 'v1' is a tag; compactor commits to"):
         _compact(catalog, branch="v1")
     assert catalog.load_table(TABLE).metadata.refs == before
+
+
+def test_the_commit_line_names_the_branch_it_committed_to(tmp_path: Path) -> None:
+    table = create_events_table(embedded(tmp_path), TABLE, commits=3, rows_per_commit=480)
+    table.manage_snapshots().create_branch(_head(table, "main"), BRANCH).commit()
+    run = ("run", "--table", TABLE, "--min-input-files", "2")
+
+    on_branch = compactor_cli(tmp_path, *run, "--branch", BRANCH)
+    on_main = compactor_cli(tmp_path, *run)
+
+    assert on_branch.returncode == 0 and on_main.returncode == 0, on_branch.stderr + on_main.stderr
+    branch_head = _head(embedded(tmp_path).load_table(TABLE), BRANCH)
+    assert f"committed replace snapshot {branch_head} to branch {BRANCH}: " in on_branch.stdout
+    assert "committed replace snapshot" in on_main.stdout and "to branch" not in on_main.stdout

@@ -1,9 +1,10 @@
 """Bulk reading: files that need none of Iceberg's read rules are read many at once.
 
-Reading a Parquet file by column name is only reading it by field id when names, ids and types
-agree with the current schema; everything else must go through the Iceberg read path. Each
-test here builds the case where reading by name would return wrong rows, and checks that the
-rows after compaction are exactly the rows before, read by pyiceberg and by Iceberg Java.
+A bulk scan reads each file's columns by field id: renamed, widened by a type promotion, filled
+with nulls where the file lacks them; what needs more of Iceberg's read rules goes through the
+Iceberg read path. Each test here builds the case where reading by name would return wrong
+rows, and checks that the rows after compaction are exactly the rows before, read by pyiceberg
+and by Iceberg Java.
 """
 
 from __future__ import annotations
@@ -15,13 +16,19 @@ import pytest
 from pyiceberg.catalog import Catalog
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
+from pyiceberg.typedef import Record
 from pyiceberg.types import IntegerType, LongType, NestedField, StringType
 
 from compactor.bench.sample import create_events_table
 from compactor.errors import DataFileError, UnreadableFileError
+from compactor.rewrite import bulk_read
 from compactor.rewrite.bulk_read import BulkRead
 
-from support.deletes import commit_delete_files, write_position_delete_file
+from support.deletes import (
+    commit_delete_files,
+    write_equality_delete_file,
+    write_position_delete_file,
+)
 from support.java_reader import JavaReader, assert_java_reads_same
 from support.rows import assert_same_rows, scan_rows
 from support.runs import compact_and_verify, run_compaction
@@ -71,16 +78,42 @@ def test_without_bulk_read_every_file_takes_the_iceberg_read_path(catalog: Catal
     assert result.to_dict()["bulk_read_files"] == 0
 
 
-def test_files_with_deletes_take_the_iceberg_read_path(catalog: Catalog) -> None:
+def test_files_with_position_deletes_are_read_in_bulk_without_the_deleted_rows(
+    catalog: Catalog,
+) -> None:
     table = _table(catalog)
-    victim = sorted(live_data_files(table).values(), key=lambda f: f.file_path)[0]
+    victim, other = sorted(live_data_files(table).values(), key=lambda f: f.file_path)[:2]
     ids = read_data_file(table, victim).column("id").to_pylist()
-    commit_delete_files(table, [write_position_delete_file(table, {victim: [0, 5, 9]})])
+    other_ids = read_data_file(table, other).column("id").to_pylist()
+    commit_delete_files(table, [write_position_delete_file(table, {victim: [0, 5, 9, 39]})])
+    # Two delete files for one data file, overlapping, one of them all but one of its rows.
+    commit_delete_files(table, [write_position_delete_file(table, {victim: [5, 6]})])
+    commit_delete_files(table, [write_position_delete_file(table, {other: range(1, 40)})])
 
     result, after, before = compact_and_verify(catalog, "db.t")
 
-    assert result.to_dict()["bulk_read_files"] == 2  # the two files without deletes
-    assert not {ids[0], ids[5], ids[9]} & set(scan_rows(after).column("id").to_pylist())
+    summary = result.to_dict()
+    assert summary["bulk_read_files"] == 3 and summary["deleted_rows_applied"] == 5 + 39
+    left = set(scan_rows(after).column("id").to_pylist())
+    assert not {ids[0], ids[5], ids[6], ids[9], ids[39]} & left
+    assert {ids[1], ids[38], other_ids[0]} <= left and not set(other_ids[1:]) & left
+
+
+def test_files_with_equality_deletes_take_the_iceberg_read_path(catalog: Catalog) -> None:
+    table = _table(catalog)
+    stored = pa.concat_tables(read_data_file(table, f) for f in live_data_files(table).values())
+    spec_id = table.spec().spec_id
+    delete = write_equality_delete_file(
+        table, ["id"], [(5,), (105,)], spec_id=spec_id, partition=Record()
+    )
+    commit_delete_files(table, [delete])
+
+    result, after = run_compaction(catalog, "db.t")
+
+    summary = result.to_dict()
+    assert summary["bulk_read_files"] == 0 and summary["deleted_rows_applied"] == 2
+    expected = stored.filter(pa.compute.invert(pa.compute.is_in(stored["id"], pa.array([5, 105]))))
+    assert_same_rows(expected, scan_rows(after).select(expected.column_names))
 
 
 @pytest.mark.parametrize(
@@ -109,14 +142,16 @@ def test_files_whose_columns_differ_from_the_schema_are_read_by_field_id(
 
     result, after, _ = compact_and_verify(catalog, "db.t")
 
-    assert result.to_dict()["bulk_read_files"] == 2  # only the files of the current schema
+    assert result.to_dict()["bulk_read_files"] == 4  # projected by field id in the scan
     assert_same_rows(before, scan_rows(after))
     assert_java_reads_same(after)
 
 
-def test_rows_keep_the_order_of_the_inputs_across_both_read_paths(catalog: Catalog) -> None:
+def test_rows_keep_the_order_of_the_inputs_across_both_read_paths(
+    catalog: Catalog, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Files read in bulk and files read each interleave in write order (clustering survives)."""
-    table = _table(catalog, appends=2)  # ids 0.. and 100..: "v" is renamed, so read each
+    table = _table(catalog, appends=2)  # ids 0.. and 100..: "v" is renamed, read by field id
     with table.update_schema() as update:
         update.rename_column("v", "w")
     table = catalog.load_table("db.t")
@@ -128,10 +163,12 @@ def test_rows_keep_the_order_of_the_inputs_across_both_read_paths(catalog: Catal
         if read_data_file(table, f)["id"][0].as_py() == 300
     )
     commit_delete_files(table, [write_position_delete_file(table, {with_delete: [1]})])
+    plain = bulk_read._plain  # ids 300.. are left to the Iceberg read path
+    monkeypatch.setattr(bulk_read, "_plain", lambda f: f.path != with_delete.file_path and plain(f))
 
     result, after, _ = compact_and_verify(catalog, "db.t")
 
-    assert result.to_dict()["bulk_read_files"] == 2  # ids 200.. and 400..
+    assert result.to_dict()["bulk_read_files"] == 4  # all but ids 300..
     (written,) = live_data_files(after).values()
     ids = read_data_file(after, written).column("id").to_pylist()
     assert len(ids) == 5 * 40 - 1

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -577,6 +578,46 @@ def test_an_unreachable_catalog_is_exit_1_whatever_its_type(tmp_path: Path, kind
 
     result = compactor(tmp_path, "run", "--json", "--catalog", "lake", "--table", "db.t", env=env)
     assert_one_error_line(result, 1, "error: table db.t: catalog 'lake' is unreachable: ")
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A port whose server accepts no more connections: its only backlog slot is taken, so a
+    client's connection attempt goes unanswered, as with a firewall that drops packets."""
+    with socket.socket() as server, socket.socket() as first:
+        server.bind(("127.0.0.1", 0))
+        server.listen(0)
+        first.connect(server.getsockname())
+        yield server.getsockname()[1]
+
+
+@pytest.mark.parametrize("kind", ["rest", "postgresql", "glue"])
+def test_a_catalog_that_never_answers_is_reported_within_the_catalog_timeout(
+    tmp_path: Path, silent_port: int, kind: str
+) -> None:
+    properties = {
+        "rest": {"URI": f"http://127.0.0.1:{silent_port}"},
+        "postgresql": {"URI": f"postgresql+psycopg2://u:p@127.0.0.1:{silent_port}/lake"},
+        "glue": {"TYPE": "glue", "GLUE__ENDPOINT": f"http://127.0.0.1:{silent_port}"},
+    }[kind]
+    env = {f"PYICEBERG_CATALOG__LAKE__{key}": value for key, value in properties.items()}
+    env.update(AWS_ACCESS_KEY_ID="x", AWS_SECRET_ACCESS_KEY="y", AWS_DEFAULT_REGION="us-east-1")
+    # Taken after the command, as --verbose is.
+    args = ("inspect", "--catalog", "lake", "--table", "db.t", "--catalog-timeout", "1s")
+
+    result = compactor(tmp_path, *args, env=env)
+
+    assert_one_error_line(
+        result,
+        1,
+        f"table db.t: catalog 'lake' is unreachable: 127.0.0.1:{silent_port}: no answer",
+        "(--catalog-timeout 1s)",
+    )
+
+
+def test_a_catalog_timeout_that_is_not_a_duration_is_a_usage_error(tmp_path: Path) -> None:
+    result = compactor(tmp_path, "--catalog-timeout", "soon", "inspect", "--table", "db.t")
+    assert_one_error_line(result, 2, "--catalog-timeout", "'soon' is not a duration")
 
 
 def test_a_missing_metadata_file_is_one_line_naming_the_table_and_the_file(home: Path) -> None:

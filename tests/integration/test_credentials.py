@@ -102,6 +102,7 @@ def test_s3_runs_print_log_and_store_no_credential(
         assert not [blob for blob in stored if secret.encode() in blob]
 
 
+@pytest.mark.slow
 def test_the_daemon_on_s3_logs_measures_and_stores_no_credential(
     s3: S3Bucket, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -128,7 +129,7 @@ def test_the_daemon_on_s3_logs_measures_and_stores_no_credential(
     (tmp_path / "jobs" / "all.toml").write_text(
         'tables = ["db.*"]\n\n[compact]\nevery = "1s"\nmin_small_files = 2\n'
         'min_input_files = 2\ntarget_file_size = "1MiB"\nallow_small_target = true\n'
-        'cooldown = "1h"\n\n[rewrite_deletes]\nevery = "1s"\n'
+        'cooldown = "1h"\n\n[rewrite_deletes]\nevery = "1s"\nmin_position_delete_files = 2\n'
     )
     (tmp_path / "compactor.toml").write_text(
         f'[daemon]\ncatalog = "{s3.catalog_name}"\nstate = "state.db"\n'
@@ -137,8 +138,16 @@ def test_the_daemon_on_s3_logs_measures_and_stores_no_credential(
     command = [str(COMPACTOR), "--verbose", "daemon", "--config", "compactor.toml"]
     daemon = DaemonProcess(command, dict(os.environ), tmp_path)
     try:
-        daemon.run_finished(TABLE, committed=True)
-        daemon.run_finished(TABLE, action="rewrite_deletes")
+        finished: set[str] = set()
+        while len(finished) < 2:  # both are due at the first tick: either may run first
+            event = daemon.wait_for(
+                lambda e: (
+                    e.get("event") == "run_finished"
+                    and (e["action"] == "rewrite_deletes" or bool(e["snapshot_ids"]))
+                ),
+                "a committed compaction and a delete rewrite",
+            )
+            finished.add(event["action"])
         with urllib.request.urlopen(f"{daemon.url}/metrics", timeout=30) as response:
             metrics = response.read().decode()
     finally:

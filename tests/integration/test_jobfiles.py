@@ -248,7 +248,7 @@ MALFORMED: dict[str, tuple[str, int | None, tuple[str, ...]]] = {
     ),
     "ray address without the ray executor": (
         TABLES + '[compact]\nevery = "5m"\nray_address = "ray://head:10001"\n',
-        5,
+        7,  # the key's line, not the section's
         ("compact", "ray_address 'ray://head:10001': is only used with executor 'ray'"),
     ),
     "dotted keys": (
@@ -273,14 +273,56 @@ def test_a_malformed_job_file_is_one_error_line_naming_file_line_and_setting(
         load_job(path)
 
 
-def test_jobs_validate_refuses_the_first_bad_file_of_the_job_directory(tmp_path: Path) -> None:
+def test_jobs_validate_refuses_a_bad_file_of_the_job_directory_and_checks_the_others(
+    tmp_path: Path,
+) -> None:
     copy_examples(tmp_path)
     bad = tmp_path / "jobs" / "zz-broken.toml"
     bad.write_text(MALFORMED["bad cron"][0])
 
     result = invoke("jobs", "validate")
 
-    expect_refusal(result, bad.resolve(), 9, "expire.cron")
+    assert result.returncode == 2
+    (error,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert error.startswith(f"error: {bad.resolve()}:9: expire.cron"), error
+    assert result.stdout.count(": ok: ") == len(EXAMPLES)
+
+
+def test_jobs_validate_reports_every_problem_of_every_file_at_its_keys_line(
+    tmp_path: Path,
+) -> None:
+    first, second, good = (tmp_path / f"{n}.toml" for n in ("a", "b", "c"))
+    first.write_text(TABLES + '[compact]\nevery = "5x"\nbogus = 1\n[expire]\nretain_last = 0\n')
+    second.write_text(MALFORMED["ray address without the ray executor"][0])
+    good.write_text(TABLES + '[compact]\nevery = "5m"\n')
+
+    result = invoke("jobs", "validate", str(first), str(second), str(good))
+    as_json = json.loads(
+        invoke("jobs", "validate", str(first), str(second), str(good), "--json").stdout
+    )
+
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert [e.split(": ")[1:3] for e in errors] == [
+        [f"{first}:6", "compact.every"],
+        [f"{first}:7", "compact.bogus"],
+        [f"{first}:9", "expire.retain_last"],
+        [f"{second}:7", "compact"],
+    ]
+    assert f"{good}: ok" in result.stdout
+    assert as_json["errors"] == [e.removeprefix("error: ") for e in errors]
+    assert [job["file"] for job in as_json["jobs"]] == [str(good)]
+
+
+def test_the_daemon_refuses_a_job_file_with_its_first_problem_and_how_many_more(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "a.toml"
+    path.write_text(TABLES + '[compact]\nevery = "5x"\nbogus = 1\n')
+    with pytest.raises(
+        ConfigError, match=r"compact\.every: .*\(and 1 more: `compactor jobs validate`"
+    ):
+        load_job(path)
 
 
 def test_jobs_validate_of_a_missing_file_names_it(tmp_path: Path) -> None:
@@ -318,7 +360,7 @@ MALFORMED_SETTINGS: dict[str, tuple[str, int, tuple[str, ...]]] = {
     # A rule between two settings is reported at the line of their section.
     "backoff_max shorter than backoff_initial": (
         '# compactor daemon\n[daemon]\nbackoff_initial = "1h"\nbackoff_max = "10m"\n',
-        2,
+        4,  # the line of the key the check names
         ("daemon", "backoff_max is shorter than backoff_initial"),
     ),
     "bad backoff duration": (

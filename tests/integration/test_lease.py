@@ -27,6 +27,8 @@ from compactor.commit.inflight import (
     record_paths,
 )
 
+from support.cli import compactor as compactor_cli
+from support.cli import embedded
 from support.runs import run_compaction
 from support.tables import live_data_files, local_path, unreferenced_files
 
@@ -208,3 +210,27 @@ def test_the_writing_process_keeps_its_record_live(catalog: Catalog, events: Tab
     assert record.is_live(now_ms)
     with pytest.raises(LeaseHeldError, match="backing off"):
         run_compaction(catalog, TABLE)
+
+
+@pytest.mark.parametrize("command", ["run", "rewrite-deletes", "rewrite-manifests"])
+def test_a_command_that_backs_off_exits_0_or_the_code_asked_for(
+    tmp_path: Path, command: str
+) -> None:
+    """Wrappers tell "busy, try later" from "done" with ``--exit-code-if-busy``; the reason is
+    on stderr, or in the JSON document's ``backed_off``."""
+    events = create_events_table(embedded(tmp_path), TABLE, commits=4, rows_per_commit=50)
+    holder = RunLease(events, "holder", ttl_s=600)
+    holder.acquire()
+    try:
+        default = compactor_cli(tmp_path, command, "--table", TABLE)
+        asked = compactor_cli(tmp_path, command, "--table", TABLE, "--exit-code-if-busy", "75")
+        as_json = compactor_cli(
+            tmp_path, command, "--table", TABLE, "--exit-code-if-busy", "75", "--json"
+        )
+    finally:
+        holder.release()
+    assert default.returncode == 0 and "run holder" in default.stderr, default.stderr
+    assert asked.returncode == 75 and "run holder" in asked.stderr and not asked.stdout
+    assert as_json.returncode == 75, as_json.stderr
+    assert "run holder" in json.loads(as_json.stdout)["backed_off"]
+    assert len(embedded(tmp_path).load_table(TABLE).metadata.snapshots) == 4

@@ -400,6 +400,23 @@ def test_cli_orphans_dry_run_json(cli_home: Path) -> None:
     assert listing(cli_home / "warehouse") == before
 
 
+def test_cli_orphans_text_prints_a_summary_and_the_first_paths_unless_list(cli_home: Path) -> None:
+    location = local_path(embedded(cli_home).load_table(CLI_TABLE).metadata.location)
+    for i in range(25):
+        junk(location / "data" / f"junk-{i:02}.parquet", 10)
+    args = ("orphans", "--table", CLI_TABLE, "--older-than", "0s", "--allow-short-older-than")
+
+    short = compactor(cli_home, *args, "--dry-run")
+    full = compactor(cli_home, *args, "--dry-run", "--list")
+
+    assert short.returncode == 0 and full.returncode == 0, short.stderr + full.stderr
+    listed = [line.strip() for line in short.stdout.splitlines() if "junk-" in line]
+    assert [local_path(p).name for p in listed] == [f"junk-{i:02}.parquet" for i in range(20)]
+    assert "... and 5 more (--list prints them all)" in short.stdout
+    every = [line.strip() for line in full.stdout.splitlines() if "junk-" in line]
+    assert len(every) == 25 and "more (--list" not in full.stdout
+
+
 def test_cli_orphans_bad_age_exits_2_with_one_error_line(cli_home: Path) -> None:
     before = listing(cli_home / "warehouse")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 from support import REPOSITORY
@@ -10,13 +11,13 @@ from support import REPOSITORY
 JSON_OUTPUT_DOC = REPOSITORY / "docs" / "json-output.md"
 
 
-def documented_fields(command: str) -> dict[str, str]:
-    """The fields docs/json-output.md lists for ``compactor COMMAND --json``: path -> type."""
-    text = JSON_OUTPUT_DOC.read_text()
-    section = re.search(
-        rf"^## `compactor {re.escape(command)}`$(.*?)(?=^## |\Z)", text, re.M | re.S
-    )
-    assert section, f"docs/json-output.md has no section for compactor {command}"
+def documented_fields(command: str, doc: Path = JSON_OUTPUT_DOC) -> dict[str, str]:
+    """The fields docs/json-output.md lists for ``compactor COMMAND --json``: path -> type (or
+    those ``doc`` lists under the heading ``COMMAND``, e.g. ``GET /api/v1/runs``)."""
+    text = doc.read_text()
+    heading = f"compactor {command}" if doc == JSON_OUTPUT_DOC else command
+    section = re.search(rf"^## `{re.escape(heading)}`$(.*?)(?=^## |\Z)", text, re.M | re.S)
+    assert section, f"{doc.name} has no section for {heading}"
     rows = re.finditer(r"^\| `([^`]+)` +\| ([^|]+?) +\|", section[1], re.M)
     return {row[1]: row[2] for row in rows}
 
@@ -36,10 +37,11 @@ def _has_type(value: Any, kind: str) -> bool:
     return type(value) is simple[outer]
 
 
-def assert_documented(command: str, document: dict[str, Any]) -> None:
+def assert_documented(command: str, document: dict[str, Any], doc: Path = JSON_OUTPUT_DOC) -> None:
     """``document``, printed by ``compactor COMMAND --json``, has exactly the fields (nested
-    ones as ``a.b`` and ``a[].b``) and the types docs/json-output.md lists for the command."""
-    fields = documented_fields(command)
+    ones as ``a.b`` and ``a[].b``) and the types docs/json-output.md lists for the command (or
+    ``doc`` for the heading ``COMMAND``)."""
+    fields = documented_fields(command, doc)
     seen, opened = set(), {""}
 
     def walk(record: dict[str, Any], prefix: str) -> None:

@@ -342,14 +342,20 @@ def wait_for_nodes(address: str, ips: list[str], env: Mapping[str, str]) -> list
 
 
 @contextmanager
-def ray_cluster(workers: int = 1, head_cpus: int = 1) -> Iterator[RayCluster]:
+def ray_cluster(
+    workers: int = 1, head_cpus: int = 1, auth_token: str | None = None
+) -> Iterator[RayCluster]:
     """A running cluster of a head node and ``workers`` worker nodes of one CPU each.
 
-    With ``head_cpus=0`` the head runs no task, only the GCS (and drivers).
-    Everything it started is stopped on exit, also when starting failed half-way.
+    With ``head_cpus=0`` the head runs no task, only the GCS (and drivers). With ``auth_token``
+    every node requires that token (``RAY_AUTH_MODE=token``) of drivers and of each other; the
+    cluster's ``env`` carries it. Everything it started is stopped on exit, also when starting
+    failed half-way.
     """
     root = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))
     env = node_environment(root)
+    if auth_token is not None:
+        env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=auth_token)
     cluster = RayCluster(root, env)
     try:
         client_port = free_port(HEAD_IP)

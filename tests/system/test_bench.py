@@ -458,7 +458,16 @@ def test_rewrite_bench_reports_compactor_beside_the_pyarrow_floor(tmp_path: Path
     assert report["fraction_of_floor"] == pytest.approx(
         compacted["mb_per_s"] / floor["mb_per_s"], abs=1e-3
     )
-    assert "the 1-process floor's time" in (tmp_path / "report" / "report.md").read_text()
+    # The conversion, rolled back before compactor's phase (which still applied every delete).
+    converted = report["conversion"]
+    assert converted["equality_delete_files_converted"] == deletes["files"]
+    assert converted["rows_matched"] == compacted["rows_deleted"]
+    assert converted["data_files_read"] == source["files"]
+    assert 0 < converted["bytes_read"] == converted["key_bytes_read"] < compacted["input_bytes"]
+    assert converted["peak_rss_bytes"] >= converted["baseline_rss_bytes"] > 0
+    markdown = (tmp_path / "report" / "report.md").read_text()
+    assert "the 1-process floor's time" in markdown
+    assert "convert (key columns only)" in markdown
 
 
 def test_rewrite_workload_presets_expand_and_explicit_flags_override_them() -> None:

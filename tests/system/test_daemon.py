@@ -34,6 +34,7 @@ from support.daemon import (
     EXIT_TIMEOUT_S,
     Setup,
 )
+from support.deletes import commit_delete_files, write_position_delete_file
 from support.java_reader import JavaReader, java_read
 from support.java_writer import read_expected, write_cdc_table
 from support.json_output import assert_documented
@@ -237,36 +238,31 @@ def test_new_tables_matching_a_glob_are_picked_up_and_expired_without_restart(
     assert scanned == {"db.first", "db.second"}
 
 
-def test_rewrite_deletes_on_a_v3_table_is_skipped_and_its_compaction_runs(
+def test_deletion_vectors_of_a_v3_table_are_left_to_its_compaction(
     setup: Setup, java_reader: JavaReader
 ) -> None:
+    """rewrite-deletes does not merge deletion vectors: the daemon never queues it for a
+    format-3 table without equality deletes, however many DVs it has; a compaction applies
+    them."""
     location = setup.root / "dv"
     setup.catalog.register_table(("db", "dv"), write_cdc_table("dv", location, seed=2))
     setup.job(
         "cdc",
         COMPACT_EVERY_SECOND.replace('"db.*"', '"db.dv"')
         + 'target_file_size = "1MiB"\nallow_small_target = true\n\n'
-        + '[rewrite_deletes]\nevery = "1s"\n',
+        + '[rewrite_deletes]\nevery = "1s"\nmin_position_delete_files = 1\n',
     )
     daemon = setup.start()
     try:
-        # Both are due at the first tick: either may run first.
-        finished: dict[str, dict[str, Any]] = {}
-        while len(finished) < 2:
-            event = daemon.wait_for(
-                lambda e: (
-                    e.get("event") == "run_finished"
-                    and e["table"] == "db.dv"
-                    and (e["action"] == "rewrite_deletes" or bool(e["snapshot_ids"]))
-                ),
-                "a rewrite_deletes run and a committed compact run on db.dv",
-            )
-            finished.setdefault(event["action"], event)
-        skipped = finished["rewrite_deletes"]
+        daemon.run_finished("db.dv", committed=True)
+        tick = daemon.wait_for(
+            lambda e: e.get("event") == "tick" and e["action"] == "rewrite_deletes",
+            "a rewrite_deletes tick after the compaction",
+        )
     finally:
         assert daemon.terminate() == 0, "".join(daemon.lines)
-    assert skipped["outcome"] == "skipped", skipped
-    assert "deletion vectors" in skipped["error"]
+    assert tick["queued"] == []
+    assert [r["action"] for r in setup.runs()] == ["compact"]
     table = setup.catalog.load_table("db.dv")
     assert java_read(table, []).current.rows == read_expected(location).rows
 
@@ -515,6 +511,9 @@ def test_a_commit_in_doubt_is_kept_by_the_daemon_and_shown_by_status(
     """A run's commit got a 504 and was not applied (yet): the daemon's next action on the
     table keeps its files, and says so."""
     table = create_events_table(setup.catalog, "db.doubt", commits=3, rows_per_commit=200, days=1)
+    # A position delete file: the delete rewrite is due, and finds nothing to merge.
+    data_file = next(iter(live_data_files(table).values()))
+    table = commit_delete_files(table, [write_position_delete_file(table, {data_file: [0]})])
 
     def lost(*_: object) -> None:
         raise CommitStateUnknownException("504 Gateway Timeout")
@@ -525,7 +524,10 @@ def test_a_commit_in_doubt_is_kept_by_the_daemon_and_shown_by_status(
             api.compact(table, target_file_size="1MiB", allow_small_target=True, min_input_files=2)
     kept = unreferenced_files(table)
     (pending,) = read_record(table).commits()
-    setup.job("doubt", 'tables = ["db.doubt"]\n\n[rewrite_deletes]\nevery = "1s"\n')
+    setup.job(
+        "doubt",
+        'tables = ["db.doubt"]\n\n[rewrite_deletes]\nevery = "1s"\nmin_position_delete_files = 1\n',
+    )
     daemon = setup.start()
     try:
         finished = daemon.run_finished("db.doubt", action="rewrite_deletes")
@@ -535,8 +537,51 @@ def test_a_commit_in_doubt_is_kept_by_the_daemon_and_shown_by_status(
     assert finished["outcome"] == "noop", finished
     assert metrics[("compactor_table_commits_in_doubt", (("table", "db.doubt"),))] == 1
     assert [c["snapshot_id"] for c in finished["commits_in_doubt"]] == [pending.snapshot_id]
-    (run,) = [r for r in setup.status()["runs"] if r["table_name"] == "db.doubt"][:1]
+    (run,) = [r for r in setup.status()["runs"] if r["table"] == "db.doubt"][:1]
     assert run["commits_in_doubt"] == finished["commits_in_doubt"]
     shown = setup.cli("status", "--config", "compactor.toml")
     assert "commits in doubt" in shown and str(pending.snapshot_id) in shown
     assert set(kept) <= set(unreferenced_files(setup.catalog.load_table("db.doubt")))
+
+
+def test_a_tables_own_properties_pause_or_tune_the_daemons_actions(setup: Setup) -> None:
+    """``compactor.enabled=false`` pauses every action on a table, not counted as a failure;
+    ``compactor.compact.min-small-files`` raises the job file's threshold for one table."""
+    tables = {name: f"db.{name}" for name in ("paused", "tuned", "plain")}
+    for name, identifier in tables.items():
+        table = create_events_table(setup.catalog, identifier, commits=6, rows_per_commit=100)
+        properties = {
+            "paused": {"compactor.enabled": "false"},
+            "tuned": {"compactor.compact.min-small-files": "1000"},
+        }.get(name)
+        if properties:
+            with table.transaction() as tx:
+                tx.set_properties(properties)
+    expire = '\n[expire]\nevery = "1s"\nolder_than = "0s"\non_table_globs = true\n'
+    setup.job("all", COMPACT_EVERY_SECOND + expire)
+    daemon = setup.start()
+    try:
+        paused = daemon.wait_for(
+            lambda e: e.get("event") == "paused" and e["table"] == tables["paused"],
+            "the paused table's compaction to be left alone",
+        )
+        expiry = daemon.run_finished(tables["paused"], action="expire")
+        daemon.run_finished(tables["plain"], committed=True)
+        daemon.wait_for(
+            lambda e: e.get("event") == "run_finished" and e["table"] == tables["plain"],
+            "another tick after the first compaction",
+        )
+    finally:
+        assert daemon.terminate() == 0, "".join(daemon.lines)
+    assert paused["by"] == "compactor.enabled=false" and paused["action"] == "compact"
+    assert expiry["outcome"] == "skipped"
+    assert "expire is paused by its property compactor.enabled=false" in expiry["error"]
+    for name in ("paused", "tuned"):
+        assert _compactor_snapshots(setup.catalog.load_table(tables[name])) == [], name
+    status = setup.status()
+    scans = {t["table"]: t for t in status["tables"]}
+    assert scans[tables["tuned"]]["reasons"] == []
+    assert tables["paused"] not in scans
+    # One convention in the log and in status --json: "table", times in epoch milliseconds.
+    assert expiry["table"] == tables["paused"] and isinstance(expiry["started_at_ms"], int)
+    assert not {"table_name", "started_at", "ended_at"} & (set(expiry) | set(status["runs"][0]))

@@ -96,3 +96,19 @@ def test_cluster_launcher_config_passes_rays_validation() -> None:
 
     commands = " ".join(config["head_start_ray_commands"] + config["worker_start_ray_commands"])
     assert "--num-cpus=0" in commands and "--object-store-memory=268435456" in commands
+
+
+def test_every_ray_node_requires_the_clusters_token() -> None:
+    """Token authentication is on everywhere: an unauthenticated Ray cluster runs whatever code
+    it is sent, and compactor's tasks carry FileIO properties."""
+    for spec in cluster_specs():
+        for container in containers(spec):
+            env = {e["name"]: e for e in container["env"]}
+            assert env["RAY_AUTH_MODE"]["value"] == "token", container["name"]
+            secret = env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]
+            assert secret == {"name": "compactor-ray-token", "key": "token"}, container["name"]
+    config = yaml.safe_load((RAY_DIR / "cluster.yaml").read_text())
+    assert config["file_mounts"]["~/.ray/auth_token"] == "./auth_token"
+    for command in config["head_start_ray_commands"] + config["worker_start_ray_commands"]:
+        if "ray start" in command:
+            assert "RAY_AUTH_MODE=token " in command, command

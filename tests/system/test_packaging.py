@@ -264,6 +264,18 @@ def test_every_module_imports_with_the_core_and_s3_dependencies(installed: Insta
     assert set(report["imported"]) == every - set(EXTRA_ONLY_MODULES)
 
 
+def test_the_dashboard_pages_are_installed(installed: Installed) -> None:
+    listing = (
+        "import json; from importlib import resources; "
+        "static = resources.files('compactor.daemon.dashboard') / 'static'; "
+        "print(json.dumps(sorted(p.name for p in static.iterdir())))"
+    )
+    result = installed.run(installed.python, "-c", listing)
+    assert result.returncode == 0, result.stderr
+    shipped = sorted(p.name for p in (PACKAGE / "dashboard" / "static").iterdir())
+    assert json.loads(result.stdout) == shipped
+
+
 def test_every_third_party_import_is_a_declared_dependency(installed: Installed) -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]

@@ -22,7 +22,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -220,13 +220,16 @@ def cli_env(s3: S3Bucket) -> dict[str, str]:
     return env
 
 
-def start_cli(s3: S3Bucket, *args: str, table: str = TABLE) -> subprocess.Popen[str]:
-    """``compactor --verbose run --catalog lake --table TABLE ARGS --json``, in the background."""
+def start_cli(
+    s3: S3Bucket, *args: str, table: str = TABLE, env: Mapping[str, str] | None = None
+) -> subprocess.Popen[str]:
+    """``compactor --verbose run --catalog lake --table TABLE ARGS --json``, in the background,
+    with ``env`` added to its environment."""
     return subprocess.Popen(
         [str(COMPACTOR), "--verbose", "run", "--catalog", s3.catalog_name, "--table", table]
         + [*TARGET, *args, "--json"],
         cwd=s3.home,
-        env=cli_env(s3),
+        env={**cli_env(s3), **(env or {})},
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -471,6 +474,56 @@ def test_tasks_run_through_the_ray_client(s3: S3Bucket, cluster: RayCluster) -> 
     assert len(results) == len(tasks), outcomes
     assert sum(r.records_read for r in results) == table.scan().to_arrow().num_rows
     assert sorted(nodes) == sorted(task.task_id for task in tasks)
+
+
+# --- (e) a cluster with token authentication ---------------------------------------------------
+
+TOKEN = "compactor-test-token-0123456789abcdef"
+
+
+@pytest.fixture(scope="module")
+def secured_cluster() -> Iterator[RayCluster]:
+    """A head and a worker node that require :data:`TOKEN` of every driver and of each other."""
+    with start_cluster(workers=1, auth_token=TOKEN) as running:
+        yield running
+
+
+def test_runs_on_a_cluster_with_token_authentication_and_refuses_without_it(
+    s3: S3Bucket, secured_cluster: RayCluster, tmp_path: Path
+) -> None:
+    catalog, table = make_table(s3)
+    rows = scan_rows(table)
+    token_file = tmp_path / "auth_token"
+    token_file.write_text(TOKEN)
+    address = ("--ray-address", secured_cluster.address)
+
+    # Both refused runs at once: each waits for Ray to give up on the cluster.
+    refused = [
+        start_cli(s3, "--executor", "ray", *address),
+        start_cli(
+            s3,
+            "--executor",
+            "ray",
+            *address,
+            env={"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "x" * 32},
+        ),
+    ]
+    none, wrong = (finish(process) for process in refused)
+    assert none.code == 1 and wrong.code == 1
+    assert f"error: ray: {secured_cluster.address} requires a token; none was sent" in none.stderr
+    assert (
+        f"error: ray: {secured_cluster.address} refused the token this process sent" in wrong.stderr
+    )
+    assert len(catalog.load_table(TABLE).metadata.snapshots) == COMMITS
+
+    # The token from a file, as Ray's own tools keep it.
+    env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_file)}
+    run = finish(start_cli(s3, *ON_RAY, secured_cluster.address, env=env))
+    assert_ran_everything(run)
+    assert_same_rows(rows, scan_rows(catalog.load_table(TABLE)))
+    placed = {m[2] for m in RAN_ON.findall(run.stderr)}
+    assert placed == {node.ip for node in secured_cluster.nodes}, run.stderr[-3000:]
+    assert TOKEN not in run.stderr + json.dumps(run.document)
 
 
 # --- connecting ---------------------------------------------------------------------------------
