@@ -105,7 +105,7 @@ def planning_entries(
         data = stream.read()
     schema, blocks = avro_blocks(data)
     read_version = 3 if format_version >= 3 else DEFAULT_READ_VERSION
-    read_entry = _entry_reader(schema, read_version, frozenset(metric_ids))
+    read_entry = _entry_reader(schema, read_version, frozenset(metric_ids), manifest.manifest_path)
     entries = [read_entry(decoder) for records, decoder in blocks for _ in range(records)]
     return with_inherited_values(entries, manifest)
 
@@ -116,14 +116,17 @@ _readers: dict[tuple[str, int, frozenset[int]], Read] = {}
 _readers_lock = threading.Lock()
 
 
-def _entry_reader(avro_schema: str, read_version: int, metric_ids: frozenset[int]) -> Read:
-    """The reader of one entry of a manifest of ``avro_schema``, cached per distinct schema."""
+def _entry_reader(
+    avro_schema: str, read_version: int, metric_ids: frozenset[int], location: str
+) -> Read:
+    """The reader of one entry of a manifest of ``avro_schema``, cached per distinct schema;
+    ``location``, the manifest's, names it when its schema is refused."""
     key = (avro_schema, read_version, metric_ids)
     with _readers_lock:
         reader = _readers.get(key)
     if reader is None:
         schema = AvroSchemaConversion().avro_to_iceberg(json.loads(avro_schema))
-        reader = _compile_entry(schema, read_version, metric_ids)
+        reader = _compile_entry(schema, read_version, metric_ids, location)
         with _readers_lock:
             if len(_readers) >= _CACHED_READERS:
                 _readers.clear()
@@ -131,13 +134,15 @@ def _entry_reader(avro_schema: str, read_version: int, metric_ids: frozenset[int
     return reader
 
 
-def _compile_entry(schema: Schema, read_version: int, metric_ids: frozenset[int]) -> Read:
+def _compile_entry(
+    schema: Schema, read_version: int, metric_ids: frozenset[int], location: str
+) -> Read:
     data_file_field = schema.find_field(_DATA_FILE_ID)
     file_data_file = data_file_field.field_type
     assert isinstance(file_data_file, StructType)
     partition = file_data_file.field(_PARTITION_ID)
     assert partition is not None and isinstance(partition.field_type, StructType)
-    refuse_fixed_partitions(partition.field_type, "manifest")
+    refuse_fixed_partitions(partition.field_type, f"manifest {location}")
     read_data_file = _struct_reader(
         file_data_file, DATA_FILE_TYPE[read_version], DataFile, metric_ids
     )

@@ -39,7 +39,12 @@ pytestmark = pytest.mark.slow  # a daemon, its compactions, a browser
 DOC = REPOSITORY / "docs" / "dashboard.md"
 DOCS_SCREENSHOTS = {
     name: REPOSITORY / "docs" / "images" / name
-    for name in ("dashboard-overview.png", "dashboard-table.png")
+    for name in (
+        "dashboard-overview.png",
+        "dashboard-table.png",
+        "dashboard-runs.png",
+        "dashboard-jobs.png",
+    )
 }
 TOKEN = "dashboard-test-token-7f3a"
 EVENTS, AUDIT, ORDERS = "db.events", "db.audit", "db.orders"
@@ -274,7 +279,7 @@ def test_pages_in_headless_chromium(served: Served, tmp_path: Path) -> None:
 
 def _screenshot(browser: Any, tmp_path: Path, name: str) -> None:
     """Keep a screenshot as a test artifact (in the test's temporary directory); with
-    COMPACTOR_DOCS_SCREENSHOTS=1, the overview's and a table page's also replace docs/'s."""
+    COMPACTOR_DOCS_SCREENSHOTS=1, every page's also replaces docs/'s."""
     path = tmp_path / name
     assert browser.save_screenshot(str(path))
     if os.environ.get("COMPACTOR_DOCS_SCREENSHOTS") == "1" and name in DOCS_SCREENSHOTS:

@@ -272,7 +272,7 @@ def test_the_dashboard_pages_are_installed(installed: Installed) -> None:
     )
     result = installed.run(installed.python, "-c", listing)
     assert result.returncode == 0, result.stderr
-    shipped = sorted(p.name for p in (PACKAGE / "dashboard" / "static").iterdir())
+    shipped = sorted(p.name for p in (PACKAGE / "daemon" / "dashboard" / "static").iterdir())
     assert json.loads(result.stdout) == shipped
 
 
