@@ -19,7 +19,7 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Generic, Protocol, TypeVar
 
 from pyiceberg.exceptions import CommitFailedException
@@ -79,6 +79,23 @@ class CommitOutcome(Generic[G]):
     conflicts: dict[int, str] = field(default_factory=dict)
     removed_delete_files: list[DataFile] = field(default_factory=list)
     attempts: int = 0
+
+
+R = TypeVar("R")
+
+
+def with_outcome(result: R, outcome: CommitOutcome[G] | None) -> R:
+    """``result``, a dataclass with ``snapshot_id``, ``committed``, ``conflicts`` and
+    ``attempts``, with what the commit did; as it is when no commit was made."""
+    if outcome is None:
+        return result
+    return replace(  # type: ignore[type-var]
+        result,
+        snapshot_id=outcome.snapshot_id,
+        committed=outcome.committed,
+        conflicts=outcome.conflicts,
+        attempts=outcome.attempts,
+    )
 
 
 def find_conflicts(

@@ -29,6 +29,7 @@ from typing import Any
 from pyiceberg.expressions import BooleanExpression
 from pyiceberg.table import Table
 
+from compactor.commit.committer import with_outcome
 from compactor.commit.delete_commit import DeleteCommitOutcome, commit_delete_rewrite
 from compactor.commit.inflight import LeaseHeldError, PendingCommit
 from compactor.commit.run_scope import RunScope, new_run_id
@@ -322,15 +323,7 @@ def _result(
         groups=[g for g in rewritten if g.skipped is None],
         skipped=dict(Counter(g.skipped for g in rewritten if g.skipped is not None)),
     )
-    if outcome is None:
-        return result
-    return replace(
-        result,
-        snapshot_id=outcome.snapshot_id,
-        committed=outcome.committed,
-        conflicts=outcome.conflicts,
-        attempts=outcome.attempts,
-    )
+    return with_outcome(result, outcome)
 
 
 def _predicted_after(result: DeleteRewriteResult) -> dict[str, int]:

@@ -23,7 +23,7 @@ from typing import Any
 
 from pyiceberg.table import Table
 
-from compactor.commit.committer import CommitOutcome
+from compactor.commit.committer import CommitOutcome, with_outcome
 from compactor.commit.inflight import LeaseHeldError, PendingCommit
 from compactor.commit.manifest_commit import (
     RewrittenManifests,
@@ -305,15 +305,7 @@ def _result(
         groups=rewritten,
         in_order=list(plan.in_order),
     )
-    if outcome is None:
-        return result
-    return replace(
-        result,
-        snapshot_id=outcome.snapshot_id,
-        committed=outcome.committed,
-        conflicts=outcome.conflicts,
-        attempts=outcome.attempts,
-    )
+    return with_outcome(result, outcome)
 
 
 def _predicted_after(result: ManifestRewriteResult) -> dict[str, int]:

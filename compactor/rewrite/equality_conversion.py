@@ -138,12 +138,9 @@ def convert_equality_group(
     if deletion_vectors:
         return _write_deletion_vectors(table, group, matched, run_id)
     rows = _position_rows(group, [m for m, _ in matched], live)
-    converted = ConvertedGroup.of(
+    converted = _read(
         group,
-        data_files_read=len(group.inputs),
-        key_bytes_read=group.key_bytes,
-        rows_read=sum(n for _, n in matched),
-        rows_matched=sum(len(m) for m, _ in matched),
+        matched,
         rows_written=rows.num_rows,
         target_paths=frozenset(pc.unique(rows.column("file_path")).to_pylist()),
     )
@@ -193,6 +190,21 @@ def _file_scoped(delete_file: DataFile, path: str) -> bool:
     return lower == upper == path.encode()
 
 
+def _read(
+    group: EqualityGroup, matched: Sequence[tuple[pa.Array, int]], **written: Any
+) -> ConvertedGroup:
+    """``group`` with what reading its data files' keys found (``matched``: each file's deleted
+    positions and rows read) and what is to be ``written``."""
+    return ConvertedGroup.of(
+        group,
+        data_files_read=len(group.inputs),
+        key_bytes_read=group.key_bytes,
+        rows_read=sum(n for _, n in matched),
+        rows_matched=sum(len(m) for m, _ in matched),
+        **written,
+    )
+
+
 def _write_deletion_vectors(
     table: Table,
     group: EqualityGroup,
@@ -224,12 +236,9 @@ def _write_deletion_vectors(
             if _file_scoped(delete_file, f.path):
                 replaced.append(key)
         merged[f.data_file] = np.unique(np.concatenate(arrays)).tolist()
-    converted = ConvertedGroup.of(
+    converted = _read(
         group,
-        data_files_read=len(group.inputs),
-        key_bytes_read=group.key_bytes,
-        rows_read=sum(n for _, n in matched),
-        rows_matched=sum(len(m) for m, _ in matched),
+        matched,
         rows_written=sum(len(p) for p in merged.values()),
         target_paths=frozenset(d.file_path for d in merged),
         replaced=tuple(sorted(set(replaced))),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,12 @@ ACTIONS = {
 }
 
 
+def run(home: Path, action: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    """The command of ``action`` on the table, with its arguments of :data:`ACTIONS`."""
+    command, *args = ACTIONS[action]
+    return compactor(home, command, "--table", TABLE, *args, *extra)
+
+
 def events(home: Path, **properties: str) -> Table:
     table = create_events_table(embedded(home), TABLE, commits=4, rows_per_commit=50, days=1)
     with table.transaction() as tx:
@@ -33,10 +40,8 @@ def events(home: Path, **properties: str) -> Table:
 @pytest.mark.parametrize("action", sorted(ACTIONS))
 def test_compactor_enabled_false_pauses_every_action(tmp_path: Path, action: str) -> None:
     before = events(tmp_path, **{"compactor.enabled": "false"}).metadata_location
-    command, *args = ACTIONS[action]
-
-    text = compactor(tmp_path, command, "--table", TABLE, *args)
-    as_json = compactor(tmp_path, command, "--table", TABLE, *args, "--json")
+    text = run(tmp_path, action)
+    as_json = run(tmp_path, action, "--json")
 
     assert text.returncode == 0 and as_json.returncode == 0, text.stderr + as_json.stderr
     assert f"table {TABLE}: {action} is paused by its property compactor.enabled=false" in (
@@ -53,8 +58,8 @@ def test_compactor_enabled_false_pauses_every_action(tmp_path: Path, action: str
 def test_an_actions_own_switch_pauses_it_alone(tmp_path: Path) -> None:
     events(tmp_path, **{"compactor.compact.enabled": "off"})
 
-    paused = compactor(tmp_path, *ACTIONS["compact"][:1], "--table", TABLE, *ACTIONS["compact"][1:])
-    expired = compactor(tmp_path, *ACTIONS["expire"][:1], "--table", TABLE, *ACTIONS["expire"][1:])
+    paused = run(tmp_path, "compact")
+    expired = run(tmp_path, "expire")
 
     assert paused.returncode == 0 and "compactor.compact.enabled=off" in paused.stderr
     assert expired.returncode == 0, expired.stderr

@@ -706,22 +706,36 @@ def _unprivileged() -> dict[str, Any]:
     return {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
 
 
-def _run_as(command: list[str], cwd: Path, timeout: float = 120) -> None:
+def run_checked(
+    command: list[str], timeout: float, **kwargs: Any
+) -> subprocess.CompletedProcess[str]:
+    """``command`` run to its end, its output captured; a CatalogServerError with the end of
+    its output when it fails."""
     done = subprocess.run(
         command,
-        cwd=cwd,
-        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C", "LC_ALL": "C"},
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
         timeout=timeout,
         check=False,
-        **_unprivileged(),
+        **kwargs,
     )
     if done.returncode != 0:
         raise CatalogServerError(
-            f"{' '.join(command)} failed (exit {done.returncode}):\n{done.stdout}{done.stderr}"
+            f"{' '.join(command[:6])} ... failed (exit {done.returncode}):\n"
+            f"{(done.stdout + done.stderr)[-6000:]}"
         )
+    return done
+
+
+def _run_as(command: list[str], cwd: Path, timeout: float = 120) -> None:
+    run_checked(
+        command,
+        timeout,
+        cwd=cwd,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C", "LC_ALL": "C"},
+        **_unprivileged(),
+    )
 
 
 # Runs beside the cluster: when its stdin closes (the test process ended, even by SIGKILL, or

@@ -28,7 +28,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -48,6 +47,7 @@ from support.catalog_servers import (
     cli_environment,
     free_port,
     isolate_test_process,
+    run_checked,
     s3_client,
     stop_process_group,
 )
@@ -366,24 +366,6 @@ def _hive_pom() -> str:
 """
 
 
-def _run(command: list[str], timeout: float, **kwargs: Any) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(
-        command,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        **kwargs,
-    )
-    if done.returncode != 0:
-        raise CatalogServerError(
-            f"{' '.join(command[:6])} ... failed (exit {done.returncode}):\n"
-            f"{(done.stdout + done.stderr)[-6000:]}"
-        )
-    return done
-
-
 def hive_distribution() -> tuple[Path, str]:
     """The metastore's unpacked distribution and Hadoop's jars: resolved once, then cached."""
     pom = _hive_pom()
@@ -399,7 +381,7 @@ def hive_distribution() -> tuple[Path, str]:
             directory.mkdir(parents=True)
             (directory / "pom.xml").write_text(pom)
             scratch = directory / "classpath.txt"
-            _run(
+            run_checked(
                 [
                     mvn,
                     "-q",
@@ -465,7 +447,7 @@ def hive_metastore(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HiveMet
     base = {name: os.environ[name] for name in ("PATH", "LANG", "JAVA_HOME") if name in os.environ}
     env = {**base, "METASTORE_HOME": str(home)}  # where the schema tool finds its scripts
     java = [_java(), *JVM_OPTIONS, "-cp", classpath]
-    _run(
+    run_checked(
         [*java, SCHEMA_TOOL, "-initSchema", "-dbType", "derby"], timeout=300, cwd=directory, env=env
     )
     process: subprocess.Popen[bytes] | None = None

@@ -216,7 +216,9 @@ def test_runs_spilled_to_disk_merge_in_several_passes_into_one_order(
 ) -> None:
     """64 KiB runs: hundreds of them, merged two at a time, then into the writer."""
     monkeypatch.setenv("TMPDIR", str(tmp_path))
-    tempfile.tempdir = None
+    # tempfile caches the directory it found first: forget it for this test only, or every
+    # later test of this process would make its temporary files here.
+    monkeypatch.setattr(tempfile, "tempdir", None)
     schema = pa.schema(
         [
             pa.field("y", pa.int64(), metadata={b"PARQUET:field_id": b"1"}),
