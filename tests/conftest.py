@@ -20,6 +20,20 @@ if TYPE_CHECKING:
 NAMESPACE = "db"
 
 
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """The tests sharing a module-scoped fixture run on one pytest-xdist worker (``--dist
+    loadgroup``), so that the fixture is built once, not once on each worker. Tests already in
+    a group keep theirs."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None or item.get_closest_marker("xdist_group"):
+        return
+    shared = sorted(
+        name for name, defs in info.name2fixturedefs.items() if defs[-1].scope == "module"
+    )
+    if shared:
+        item.add_marker(pytest.mark.xdist_group(f"{item.path.stem}:{'+'.join(shared)}"))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _pyiceberg_fixes() -> None:
     """pyiceberg with compactor's fixes installed, as in every process compactor runs: tests

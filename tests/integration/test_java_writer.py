@@ -25,7 +25,7 @@ from pyiceberg.types import LongType, NestedField, StringType
 
 from support import java_reader as java_reader_module
 from support.java_reader import JavaReader, JavaReadError, java_read
-from support.java_writer import SCENARIOS, read_expected, write_cdc_table
+from support.java_writer import SCENARIOS, read_expected, write_cdc_table, write_cdc_tables
 
 
 def _local(uri: str) -> Path:
@@ -69,8 +69,7 @@ def _kinds(table: Table) -> Counter[str]:
 def written(tmp_path_factory: pytest.TempPathFactory, java_reader: JavaReader) -> Path:
     """Every scenario written once for the module (seed 0), each under its own directory."""
     root = tmp_path_factory.mktemp("cdc")
-    for scenario in SCENARIOS:
-        write_cdc_table(scenario, root / scenario, seed=0)
+    write_cdc_tables({scenario: root / scenario for scenario in SCENARIOS}, seed=0)
     return root
 
 

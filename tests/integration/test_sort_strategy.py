@@ -63,9 +63,9 @@ SCHEMA = Schema(
 BY_REGION = PartitionSpec(
     PartitionField(source_id=2, field_id=1000, transform=IdentityTransform(), name="region")
 )
-# Outputs of ~256 KiB: each group writes several files, whose ranges must not overlap.
-SMALL = {"target_file_size": "256KiB", "allow_small_target": True, "min_input_files": 2}
-COMMITS, ROWS = 12, 2500
+# Outputs of ~100 KiB: each group writes several files, whose ranges must not overlap.
+SMALL = {"target_file_size": "100KiB", "allow_small_target": True, "min_input_files": 2}
+COMMITS, ROWS = 12, 1250
 START = datetime(2026, 1, 1)
 
 

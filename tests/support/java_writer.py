@@ -82,6 +82,7 @@ from __future__ import annotations
 import json
 import subprocess
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -139,23 +140,20 @@ def write_cdc_table(scenario: str, location: Path, seed: int = 0) -> str:
     Returns the ``file://`` location of its final metadata.json; the expected rows are in
     :func:`read_expected`. Raises :class:`JavaWriteError` if Java fails.
     """
-    if scenario not in SCENARIOS:
-        raise ValueError(f"unknown scenario {scenario!r}: one of {', '.join(SCENARIOS)}")
-    location = Path(location).resolve()
-    if location.exists() and any(location.iterdir()):
-        raise ValueError(f"{location} is not empty")
+    return write_cdc_tables({scenario: location}, seed)[0]
+
+
+def write_cdc_tables(tables: Mapping[str, Path], seed: int = 0) -> list[str]:
+    """:func:`write_cdc_table` of each scenario at its location, all in one JVM."""
     reader = ensure_reader()
-    command = [
-        reader.java,
-        *JVM_OPTIONS,
-        "-cp",
-        reader.classpath,
-        WRITER_CLASS,
-        scenario,
-        location.as_uri(),
-        str(seed),
-        str(expected_path(location)),
-    ]
+    command = [reader.java, *JVM_OPTIONS, "-cp", reader.classpath, WRITER_CLASS]
+    for scenario, given in tables.items():
+        if scenario not in SCENARIOS:
+            raise ValueError(f"unknown scenario {scenario!r}: one of {', '.join(SCENARIOS)}")
+        location = Path(given).resolve()
+        if location.exists() and any(location.iterdir()):
+            raise ValueError(f"{location} is not empty")
+        command += [scenario, location.as_uri(), str(seed), str(expected_path(location))]
     try:
         done = subprocess.run(
             command,
@@ -170,11 +168,11 @@ def write_cdc_table(scenario: str, location: Path, seed: int = 0) -> str:
     if done.returncode != 0:
         first = next((x for x in done.stderr.splitlines() if x.strip()), "")
         raise JavaWriteError(
-            f"Iceberg Java failed to write {scenario} at {location} (exit {done.returncode}): "
-            f"{first}",
+            f"Iceberg Java failed to write {', '.join(tables)} at "
+            f"{', '.join(str(p) for p in tables.values())} (exit {done.returncode}): {first}",
             done.stderr,
         )
-    return done.stdout.strip().splitlines()[-1]
+    return done.stdout.strip().splitlines()[-len(tables) :]
 
 
 def read_expected(location: Path) -> ExpectedTable:

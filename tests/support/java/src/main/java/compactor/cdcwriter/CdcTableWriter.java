@@ -104,19 +104,27 @@ public final class CdcTableWriter {
     this.ids = new Random(~seed * 7_919L + scenario.hashCode());
   }
 
+  /** Writes one table per group of four arguments, in one JVM; prints each metadata.json. */
   public static void main(String[] args) {
-    if (args.length != 4 || !SCENARIOS.contains(args[0])) {
+    boolean valid = args.length > 0 && args.length % 4 == 0;
+    for (int i = 0; valid && i < args.length; i += 4) {
+      valid = SCENARIOS.contains(args[i]);
+    }
+    if (!valid) {
       System.err.println(
-          "usage: CdcTableWriter <" + String.join("|", SCENARIOS)
-              + "> <table location> <seed> <expected.json>");
+          "usage: CdcTableWriter (<" + String.join("|", SCENARIOS)
+              + "> <table location> <seed> <expected.json>)...");
       System.exit(2);
     }
     try {
-      CdcTableWriter writer = new CdcTableWriter(args[0], args[1], Long.parseLong(args[2]));
-      writer.write();
-      writer.writeExpected(args[3]);
       PrintStream out = new PrintStream(System.out, false, StandardCharsets.UTF_8);
-      out.println(writer.ops.current().metadataFileLocation());
+      for (int i = 0; i < args.length; i += 4) {
+        CdcTableWriter writer =
+            new CdcTableWriter(args[i], args[i + 1], Long.parseLong(args[i + 2]));
+        writer.write();
+        writer.writeExpected(args[i + 3]);
+        out.println(writer.ops.current().metadataFileLocation());
+      }
       out.flush();
     } catch (Throwable e) {
       System.err.println("CdcTableWriter failed: " + e);
