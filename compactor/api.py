@@ -42,10 +42,12 @@ from compactor.options.table_properties import (
     paused_actions,
     property_options,
     setting_sources,
+    settings_list,
 )
 from compactor.planning.health import TableHealth, table_health
 from compactor.planning.manifest_groups import ManifestStats, manifest_stats
 from compactor.planning.planner import Plan, plan_rewrite
+from compactor.quarantine import Quarantine, QuarantinedFile
 
 
 def options_for(
@@ -86,7 +88,8 @@ def plan(table: Table, options: RewriteOptions | None = None, **option_overrides
     pyiceberg_compat.install()
     identifier = identifier_of(table)
     resolved = options_for(table, options, option_overrides)
-    return plan_rewrite(table, identifier, resolved.plan)[0]
+    excluded = Quarantine.load(table).excluded  # as compact leaves them out
+    return plan_rewrite(table, identifier, resolved.plan, exclude=excluded)[0]
 
 
 def compact(
@@ -131,7 +134,8 @@ def compact(
 @dataclass
 class Inspection:
     """How fragmented a table is (``compactor inspect``): its files against the target, the
-    unreadable files the last compaction skipped, and commits that may still land."""
+    unreadable files the last compaction skipped, the files its quarantine leaves out of
+    compaction, and commits that may still land."""
 
     health: TableHealth
     unreadable_files: list[str]
@@ -141,6 +145,7 @@ class Inspection:
     # Compaction's options not at their default: option -> (value, where it came from).
     settings: dict[str, tuple[Any, str]] = field(default_factory=dict)
     paused: list[str] = field(default_factory=list)  # actions the table's properties pause
+    quarantined_files: list[QuarantinedFile] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """The ``--json`` output of ``compactor inspect``."""
@@ -148,11 +153,9 @@ class Inspection:
             **self.health.to_dict(),
             **(self.manifests.to_dict() if self.manifests is not None else {}),
             "unreadable_files": self.unreadable_files,
+            "quarantined_files": [f.to_dict() for f in self.quarantined_files],
             "commits_in_doubt": [c.to_dict() for c in self.commits_in_doubt],
-            "settings": [
-                {"option": name, "value": str(value), "source": source}
-                for name, (value, source) in sorted(self.settings.items())
-            ],
+            "settings": settings_list(self.settings),
             "paused": self.paused,
         }
 
@@ -161,7 +164,8 @@ def inspect(
     table: Table, options: RewriteOptions | None = None, **option_overrides: Any
 ) -> Inspection:
     """The table's files against the target a compaction would use (options as for
-    :func:`compact`; ``target_file_size`` is the one that matters). Reads manifests only."""
+    :func:`compact`; ``target_file_size`` is the one that matters). Reads manifests, and asks
+    storage about each quarantined file only."""
     pyiceberg_compat.install()
     resolved = options_for(table, options, option_overrides)
     health = table_health(
@@ -179,6 +183,7 @@ def inspect(
         manifest_stats(table),
         setting_sources(identifier, properties, "compact", CompactOptions, option_overrides),
         paused_actions(identifier, properties),
+        Quarantine.load(table).files,
     )
 
 
@@ -270,6 +275,8 @@ def rewrite_deletes(
         where=given.where,
         dry_run=dry_run,
         convert_equality_deletes=given.convert_equality_deletes,
+        branch=given.branch,
+        memory_limit=given.memory_limit,
     )
 
 

@@ -6,9 +6,12 @@
 (:mod:`compactor.execute.executors`), and feeds the results, as they arrive, to a
 :class:`CommitManager`. Without partial progress the run is all or nothing: a failed group
 aborts it, and nothing is committed. With ``commit_every`` set, finished groups are committed in
-batches as the run goes, and a failed group fails alone. A group with a file that is missing
-or not valid Parquet (:class:`~compactor.errors.UnreadableFileError`) is skipped either way,
-the file reported in ``skipped_files`` and in the log, and the other groups are committed.
+batches as the run goes, and a failed group fails alone. A file that is missing or not valid
+Parquet (:class:`~compactor.errors.UnreadableFileError`) fails no group, either way: it is
+quarantined (:mod:`compactor.quarantine`), reported in ``skipped_files`` and in the log, and its
+group runs again without it (without the data files it applies to, for a delete file) once the
+other groups have run, as long as what is left is worth rewriting by the plan's rules; the file
+stays in the table as it is. Planning leaves quarantined files out.
 Either way every file the run's tasks
 wrote (as their intent files list) and it did not commit is deleted before it returns — unless
 a commit's outcome is unknown: then everything stays for the next run, which decides once the
@@ -21,8 +24,8 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Collection
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from pyiceberg.manifest import DataFile
@@ -45,8 +48,16 @@ from compactor.iceberg.catalogs import identifier_of
 from compactor.options.compact import CommitOptions, RewriteOptions
 from compactor.options.defaults import MAX_OUTPUT_GROWTH, MIN_FILE_REDUCTION_FOR_GROWTH
 from compactor.planning.health import delete_file_kinds
-from compactor.planning.planner import CommitContext, FileGroup, InputFile, Plan, plan_rewrite
+from compactor.planning.planner import (
+    CommitContext,
+    FileGroup,
+    InputFile,
+    Plan,
+    plan_rewrite,
+    skip_reason,
+)
 from compactor.planning.tasks import RewriteTask, TaskResult, plan_tasks
+from compactor.quarantine import Quarantine, QuarantinedFile
 from compactor.rewrite.task_runner import EventToken, TaskCancelled
 from compactor.sizes import count, format_size, peak_rss_bytes
 
@@ -75,7 +86,8 @@ class GroupFailure:
 
 @dataclass(frozen=True)
 class SkippedFile:
-    """A file that could not be read (missing or not valid Parquet): its group was skipped."""
+    """A file that could not be read (missing or not valid Parquet): it was quarantined, and its
+    group rewritten without it or, when what was left was not worth it, left as it was."""
 
     group_id: int
     path: str
@@ -128,6 +140,8 @@ class RunResult:
     commits: list[CommitOutcome[TaskResult]] = field(default_factory=list)
     failures: list[GroupFailure] = field(default_factory=list)
     skipped_files: list[SkippedFile] = field(default_factory=list)
+    # The table's quarantine after the run: files left out of its plan, or found unreadable.
+    quarantined_files: list[QuarantinedFile] = field(default_factory=list)
     grown_groups: list[GrownGroup] = field(default_factory=list)  # left as they were
     recovered_files: list[str] = field(default_factory=list)
     # Commits of abandoned runs that may still land: their files were kept.
@@ -221,6 +235,7 @@ class RunResult:
             "skipped_files": [
                 vars(f) for f in sorted(self.skipped_files, key=lambda f: (f.group_id, f.path))
             ],
+            "quarantined_files": [f.to_dict() for f in self.quarantined_files],
             "grown_groups": [vars(g) for g in self.sorted_grown_groups],
             "rewritten_files": len(rewritten),
             "rewritten_bytes": self.rewritten_bytes,
@@ -292,15 +307,18 @@ class CommitManager:
             count(grown.output_files, "file"),
         )
 
-    def skip(self, group_id: int, error: UnreadableFileError) -> None:
-        """Leave out a group that has an unreadable file, and report the file."""
+    def skip(self, group_id: int, error: UnreadableFileError, retried: bool) -> None:
+        """Report an unreadable file of a group, quarantined: the group is ``retried`` without
+        it, or else left as it was."""
         self.result.skipped_files.append(SkippedFile(group_id, error.path, error.reason))
-        self.fail(group_id, ERROR, error)
         log.warning(
-            "table %s: group %d skipped: %s",
+            "table %s: group %d: %s; quarantined, %s",
             self.plan.table,
             group_id,
             first_line(error),
+            "rewriting the group without it"
+            if retried
+            else "the group's other files are too few to be worth rewriting: group left as it was",
             extra={"event": "file_unreadable", "table": self.plan.table, "path": error.path},
         )
 
@@ -375,21 +393,70 @@ class _GroupProgress:
             )
 
 
+class _Unreadable:
+    """Quarantines the unreadable files groups fail on, and gives each such group's task again
+    without its file (for a delete file, without the data files it applies to) while what is
+    left is worth rewriting by the plan's rules; each retry has fewer files, so it ends."""
+
+    def __init__(
+        self, plan: Plan, quarantine: Quarantine, retask: Callable[[FileGroup], RewriteTask]
+    ) -> None:
+        self.plan, self.quarantine, self.retask = plan, quarantine, retask
+
+    def retry(self, group_id: int, error: UnreadableFileError) -> RewriteTask | None:
+        group = self.plan.group(group_id)
+        sizes = {f.path: f.size for f in group.files}
+        sizes.update((d.file_path, d.file_size_in_bytes) for d in group.delete_files.values())
+        self.quarantine.add(error.path, sizes.get(error.path, 0), error.reason)
+        kept = [
+            f
+            for f in group.files
+            if f.path != error.path and all(d.file_path != error.path for d in f.delete_files)
+        ]
+        rest = replace(group, files=kept)
+        if len(kept) == len(group.files) or skip_reason(rest, self.plan.options) is not None:
+            return None
+        group.files = kept  # what the commit replaces
+        return self.retask(group)
+
+
 def _rewrite_and_commit(
     tasks: list[RewriteTask],
     executor: Executor,
     commits: CommitManager,
     progress: Progress | None,
     stop: threading.Event,
+    unreadable: _Unreadable,
 ) -> None:
-    """Run ``tasks`` on ``executor``, committing results as they come; stop all on a failure."""
+    """Run ``tasks`` on ``executor``, committing results as they come; stop all on a failure.
+
+    The groups that failed on an unreadable file run again without it, after the others.
+    """
     abort = threading.Event()  # the run failed: the other tasks stop too (``stop`` is not ours)
     token = EventToken(stop, abort)
     groups = _GroupProgress(progress) if progress else None
+    while tasks:
+        tasks = _rewrite_round(tasks, executor, token, abort, commits, groups, unreadable)
+    commits.flush()
+    commits.result.stopped = stop.is_set()
+
+
+def _rewrite_round(
+    tasks: list[RewriteTask],
+    executor: Executor,
+    token: EventToken,
+    abort: threading.Event,
+    commits: CommitManager,
+    groups: _GroupProgress | None,
+    unreadable: _Unreadable,
+) -> list[RewriteTask]:
+    """Run ``tasks``, committing results as they come; the tasks to run again without an
+    unreadable file. Sets ``abort`` on a failure, before the running tasks are waited for."""
     if groups and isinstance(executor, ThreadExecutor):
         outcomes = executor.run(tasks, token, on_read=groups.read)
     else:  # other executors report a group once it finishes
         outcomes = executor.run(tasks, token)
+    retries = []
     try:
         for task, outcome in outcomes:
             if isinstance(outcome, TaskResult):
@@ -403,12 +470,13 @@ def _rewrite_and_commit(
             elif isinstance(outcome, TaskCancelled):
                 commits.fail(task.task_id, CANCELLED, outcome)
             elif isinstance(outcome, UnreadableFileError):
-                commits.skip(task.task_id, outcome)
+                retry = unreadable.retry(task.task_id, outcome)
+                commits.skip(task.task_id, outcome, retried=retry is not None)
+                retries += [retry] if retry is not None else []
             elif commits.options.partial_progress and isinstance(outcome, CompactorError):
                 commits.fail(task.task_id, ERROR, outcome)
             else:
                 raise outcome
-        commits.flush()
     except BaseException:
         abort.set()
         raise
@@ -416,7 +484,7 @@ def _rewrite_and_commit(
         close = getattr(outcomes, "close", None)  # a generator: returns once no task runs
         if close is not None:
             close()
-    commits.result.stopped = stop.is_set()
+    return retries
 
 
 def last_unreadable_files(table: Table) -> list[str]:
@@ -434,9 +502,11 @@ def last_unreadable_files(table: Table) -> list[str]:
 def backed_off(table: Table, options: RewriteOptions, reason: str) -> RunResult:
     """The result of a run that backed off because another run holds ``table``: what it would
     have rewritten, nothing committed."""
-    identifier = identifier_of(table)
-    plan, _ = plan_rewrite(table, identifier, options.plan)
-    return RunResult(identifier, plan, new_run_id(), backed_off=reason)
+    identifier, quarantine = identifier_of(table), Quarantine.load(table)
+    plan, _ = plan_rewrite(table, identifier, options.plan, exclude=quarantine.excluded)
+    return RunResult(
+        identifier, plan, new_run_id(), quarantined_files=quarantine.files, backed_off=reason
+    )
 
 
 def compact_table(
@@ -456,13 +526,17 @@ def compact_table(
     :class:`compactor.commit.inflight.LeaseHeldError` when another live run holds the table. Setting
     ``stop`` ends the run early: no new group starts, running ones are abandoned at the next
     file, finished ones are committed. Groups whose inputs are in ``grown_before`` (a
-    previous run's :attr:`RunResult.grown_inputs`) are not rewritten again.
+    previous run's :attr:`RunResult.grown_inputs`) are not rewritten again, nor are the files
+    of the table's quarantine (:mod:`compactor.quarantine`).
     """
     started = time.monotonic()
     run_id, identifier = new_run_id(), identifier_of(table)
     if dry_run:
-        plan, _ = plan_rewrite(table, identifier, options.plan, grown_before)
-        result = RunResult(identifier, plan, run_id, dry_run=True)
+        quarantine = Quarantine.load(table)
+        plan, _ = plan_rewrite(table, identifier, options.plan, grown_before, quarantine.excluded)
+        result = RunResult(
+            identifier, plan, run_id, dry_run=True, quarantined_files=quarantine.files
+        )
         result.duration_s = time.monotonic() - started
         return result
     owned = executor is None
@@ -486,15 +560,29 @@ def _run(
     stop: threading.Event | None,
     grown_before: Collection[frozenset[str]],
 ) -> RunResult:
-    with RunScope(table, run_id, options.commit.lease_ttl_s) as scope:
-        plan, context = plan_rewrite(table, identifier, options.plan, grown_before)
+    with (
+        RunScope(table, run_id, options.commit.lease_ttl_s) as scope,
+        Quarantine.load(table).saving() as quarantine,
+    ):
+        plan, context = plan_rewrite(
+            table, identifier, options.plan, grown_before, quarantine.excluded
+        )
         result = RunResult(identifier, plan, run_id)
         if plan.groups:
             if progress:
                 progress.start(plan)
-            tasks = plan_tasks(plan, run_id, table.io.properties, options.execution)
+
+            def tasks_of(groups: list[FileGroup]) -> list[RewriteTask]:
+                of_groups = replace(plan, groups=groups)
+                return plan_tasks(of_groups, run_id, table.io.properties, options.execution)
+
             commits = CommitManager(table, result, context, options.commit, scope)
+            unreadable = _Unreadable(plan, quarantine, lambda group: tasks_of([group])[0])
             scope.start_writing()
-            _rewrite_and_commit(tasks, executor, commits, progress, stop or threading.Event())
+            stop = stop or threading.Event()
+            _rewrite_and_commit(
+                tasks_of(plan.groups), executor, commits, progress, stop, unreadable
+            )
+    result.quarantined_files = quarantine.files
     result.recovered_files, result.commits_in_doubt = scope.recovered, scope.in_doubt
     return result

@@ -3,16 +3,20 @@
 The table is TPC-DS ``store_sales`` written as ``bench plan`` writes it
 (:func:`~compactor.bench.planning.build_table`): ``--commits`` fast appends of one real Parquet
 file each, one manifest per commit. Then, each in a fresh process: pyiceberg's scan planning
-(``table.scan().plan_files()``), ``--repetitions`` times; ``compactor.rewrite_manifests(table)``
-once; scan planning again, ``--repetitions`` times. The report has the manifests before and
-after, the rewrite's time, and the median planning time before and after.
+(``table.scan().plan_files()``) and DuckDB's (``iceberg_scan`` of the same metadata file),
+``--repetitions`` times each; ``compactor.rewrite_manifests(table)`` once; both scan plannings
+again. The report has the manifests before and after, the rewrite's time, and the median
+planning times before and after.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import duckdb
 
 from compactor.bench.planning import TABLE, PlanParameters, build_table
 from compactor.bench.progress import Steps
@@ -22,6 +26,9 @@ from compactor.bench.warehouse import Warehouse
 from compactor.errors import UsageError
 
 IDENTIFIER = f"{NAMESPACE}.{TABLE}"
+# DuckDB's iceberg extension reads manifests with its avro extension, which must be loaded first
+# (it would otherwise try to download it).
+ICEBERG_EXTENSIONS = ("avro", "iceberg")
 
 
 @dataclass(frozen=True)
@@ -78,6 +85,61 @@ def scan_phase(catalog_properties: dict[str, str]) -> dict[str, Any]:
     }
 
 
+def iceberg_duckdb() -> duckdb.DuckDBPyConnection:
+    """A new in-memory DuckDB with the iceberg extension, loaded from its PyPI package."""
+    from compactor.iceberg.duckdb_views import load_packaged_extension
+
+    con = duckdb.connect()
+    for name in ICEBERG_EXTENSIONS:
+        load_packaged_extension(con, name)
+    return con
+
+
+def _duckdb_query(query: str, metadata_file: str) -> tuple[float, list[Any], set[str]]:
+    """Run ``query`` (``?`` is ``metadata_file``) in a new DuckDB with the iceberg extension and
+    its file-system log on: seconds, result rows, paths opened."""
+    con = iceberg_duckdb()
+    try:
+        con.execute("CALL enable_logging('FileSystem')")
+        started = time.perf_counter()
+        rows = con.execute(query, [metadata_file]).fetchall()
+        seconds = time.perf_counter() - started
+        opened = con.execute(
+            "SELECT DISTINCT path FROM duckdb_logs_parsed('FileSystem') WHERE op = 'OPEN'"
+        ).fetchall()
+    finally:
+        con.close()
+    return seconds, rows, {path for (path,) in opened}
+
+
+def duckdb_scan_phase(metadata_location: str) -> dict[str, Any]:
+    """Plan a full scan of the snapshot of ``metadata_location`` with DuckDB; the measures.
+
+    ``EXPLAIN SELECT *`` through ``iceberg_scan`` reads the metadata file, the manifest list and
+    every manifest, and no data file; ``SELECT count(*)`` is answered from the manifests'
+    record counts. Each runs in a database of its own, so neither reuses the other's reads.
+    """
+    from compactor.iceberg.duckdb_views import duckdb_path
+
+    usage = PhaseUsage()
+    metadata_file = duckdb_path(metadata_location)
+    explain, _, explain_opened = _duckdb_query(
+        "EXPLAIN SELECT * FROM iceberg_scan(?)", metadata_file
+    )
+    counted, [(rows,)], count_opened = _duckdb_query(
+        "SELECT count(*) FROM iceberg_scan(?)", metadata_file
+    )
+    opened = explain_opened | count_opened
+    return {
+        "explain_seconds": round(explain, 3),
+        "count_seconds": round(counted, 3),
+        **usage.resources(),
+        "files_opened": len(opened),
+        "data_files_opened": sum(path.endswith(".parquet") for path in opened),
+        "rows": rows,
+    }
+
+
 def rewrite_phase(catalog_properties: dict[str, str]) -> dict[str, Any]:
     """Load the table, then rewrite its manifests; the measures and the result."""
     import compactor
@@ -107,8 +169,8 @@ def rewrite_phase(catalog_properties: dict[str, str]) -> dict[str, Any]:
     }
 
 
-def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    ordered = sorted(runs, key=lambda r: r["plan_files_seconds"])
+def _median(runs: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    ordered = sorted(runs, key=lambda r: r[key])
     return ordered[(len(ordered) - 1) // 2]
 
 
@@ -116,6 +178,7 @@ def run_manifest_benchmark(
     parameters: ManifestParameters, warehouse: Warehouse, workdir: Path, steps: Steps
 ) -> dict[str, Any]:
     """Build the table, plan scans, rewrite its manifests, plan scans again: the report's body."""
+    iceberg_duckdb().close()  # a missing extension fails now, not after the build
     built = build_table(
         PlanParameters(
             files=parameters.commits,
@@ -136,27 +199,41 @@ def run_manifest_benchmark(
     )
     properties = warehouse.catalog_properties
 
-    def scans(when: str) -> list[dict[str, Any]]:
-        runs = []
+    def scans(when: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """pyiceberg's runs and DuckDB's, of the table's current snapshot."""
+        metadata_location = _load(properties).metadata_location
+        pyiceberg_runs, duckdb_runs = [], []
         for run in range(parameters.repetitions):
-            with steps.step(f"scan planning {when}, run {run + 1} of {parameters.repetitions}"):
-                runs.append(in_fresh_process(scan_phase, properties))
-        return runs
+            of = f"{when}, run {run + 1} of {parameters.repetitions}"
+            with steps.step(f"pyiceberg scan planning {of}"):
+                pyiceberg_runs.append(in_fresh_process(scan_phase, properties))
+            with steps.step(f"DuckDB iceberg_scan planning {of}"):
+                duckdb_runs.append(in_fresh_process(duckdb_scan_phase, metadata_location))
+        return pyiceberg_runs, duckdb_runs
 
-    before = scans("before")
+    before, duckdb_before = scans("before")
     with steps.step("rewriting manifests (fresh process)"):
         rewrite = in_fresh_process(rewrite_phase, properties)
-    after = scans("after")
+    after, duckdb_after = scans("after")
+    medians = {
+        "scan_before": _median(before, "plan_files_seconds"),
+        "scan_after": _median(after, "plan_files_seconds"),
+        "duckdb_scan_before": _median(duckdb_before, "explain_seconds"),
+        "duckdb_scan_after": _median(duckdb_after, "explain_seconds"),
+    }
     steps.note(
         f"{rewrite['manifests_replaced']:,} manifests into {rewrite['manifests_written']:,} in "
-        f"{rewrite['seconds']:.2f}s; plan_files {_median(before)['plan_files_seconds']:.2f}s "
-        f"-> {_median(after)['plan_files_seconds']:.2f}s"
+        f"{rewrite['seconds']:.2f}s; plan_files {medians['scan_before']['plan_files_seconds']:.2f}s"
+        f" -> {medians['scan_after']['plan_files_seconds']:.2f}s; DuckDB EXPLAIN "
+        f"{medians['duckdb_scan_before']['explain_seconds']:.2f}s -> "
+        f"{medians['duckdb_scan_after']['explain_seconds']:.2f}s"
     )
     return {
         "table": built,
         "rewrite": rewrite,
-        "scan_before": _median(before),
-        "scan_after": _median(after),
+        **medians,
         "runs_before": before,
         "runs_after": after,
+        "duckdb_runs_before": duckdb_before,
+        "duckdb_runs_after": duckdb_after,
     }

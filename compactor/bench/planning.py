@@ -18,8 +18,9 @@ rows each, over ``--commits`` fast-append commits, built as fast as this machine
 
 Then, ``--repetitions`` times, a fresh process loads the table from the catalog and runs
 ``compactor.plan(table)`` (planning only: manifests read, candidates picked, groups packed;
-nothing written), measuring each step's seconds, CPU, peak RSS, manifests read and files
-planned. The median run is the result.
+nothing written) under ``--memory-limit``, measuring each step's seconds, CPU, peak RSS,
+manifests read, files planned and the candidates left for a next run past the limit's budget.
+The median run is the result.
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ class PlanParameters:
     allow_small_target: bool
     # Parquet files written; the others are hard links to them (None: every file written).
     distinct_files: int | None = None
+    memory_limit: str | None = None  # compactor's --memory-limit (None: its default)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(vars(self))
@@ -99,6 +101,7 @@ def plan_parameters(
     target_file_size: str,
     allow_small_target: bool,
     distinct_files: int | None = None,
+    memory_limit: str | None = None,
 ) -> PlanParameters:
     """Checked ``bench plan`` options."""
     from compactor.options import resolve_options
@@ -114,7 +117,11 @@ def plan_parameters(
     if scale_factor <= 0:
         raise UsageError(f"--scale-factor: must be above 0, got {scale_factor}")
     resolve_options(
-        "tpcds", {}, target_file_size=target_file_size, allow_small_target=allow_small_target
+        "tpcds",
+        {},
+        target_file_size=target_file_size,
+        allow_small_target=allow_small_target,
+        memory_limit=memory_limit,
     )
     return PlanParameters(
         files=files,
@@ -125,6 +132,7 @@ def plan_parameters(
         target_file_size=target_file_size,
         allow_small_target=allow_small_target,
         distinct_files=distinct_files,
+        memory_limit=memory_limit,
     )
 
 
@@ -329,10 +337,13 @@ def build_table(
 
 
 def plan_phase(
-    catalog_properties: dict[str, str], target: str, allow_small_target: bool
+    catalog_properties: dict[str, str],
+    target: str,
+    allow_small_target: bool,
+    memory_limit: str | None = None,
 ) -> dict[str, Any]:
-    """Load ``tpcds.store_sales`` from the catalog, then plan its compaction as a run does
-    (the plan and the committer's context); the measures."""
+    """Load ``tpcds.store_sales`` from the catalog, then plan its compaction as a run under
+    ``memory_limit`` does (the plan and the committer's context); the measures."""
     from pyiceberg.catalog.sql import SqlCatalog
 
     from compactor.bench.warehouse import CATALOG_NAME
@@ -352,6 +363,7 @@ def plan_phase(
         table.metadata.properties,
         target_file_size=target,
         allow_small_target=allow_small_target,
+        memory_limit=memory_limit,
     )
     result, context = plan_rewrite(table, identifier, options.plan)
     total = usage.elapsed()
@@ -363,6 +375,8 @@ def plan_phase(
         "manifests": len(context.start_manifests),
         "manifests_read": len(context.manifest_live_entries),
         "data_files_scanned": result.data_files_scanned,
+        "max_candidate_files": options.plan.max_candidate_files,
+        "deferred_files": result.deferred_files,
         "files_planned": result.input_files,
         "bytes_planned": result.input_bytes,
         "groups": len(result.groups),
@@ -397,12 +411,14 @@ def run_plan_benchmark(
                     warehouse.catalog_properties,
                     parameters.target_file_size,
                     parameters.allow_small_target,
+                    parameters.memory_limit,
                 )
             )
     median = _median_run(runs)
     steps.note(
-        f"planned {median['files_planned']:,} files from {median['manifests_read']:,} manifests "
-        f"in {median['plan_seconds']:.2f}s (median of {len(runs)})"
+        f"planned {median['files_planned']:,} files ({median['deferred_files']:,} left for a "
+        f"next run) from {median['manifests_read']:,} manifests in "
+        f"{median['plan_seconds']:.2f}s (median of {len(runs)})"
     )
     return {
         "table": built,

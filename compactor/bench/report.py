@@ -13,7 +13,8 @@ report.json, ``schema_version`` 1; every benchmark has:
 ``queries`` adds ``generation``, ``load``, ``queries``, ``totals``, ``compaction``,
 ``s3_requests``; ``rewrite`` adds ``input``, ``floor_1``, ``floor_2``, ``compactor``, ``ratios``,
 ``fraction_of_floor`` (and, with ``--equality-deletes``, ``conversion``); ``plan`` adds ``table``, ``plan``, ``runs``, ``plan_seconds``; ``manifests`` adds ``table``,
-``rewrite``, ``scan_before``, ``scan_after``, ``runs_before``, ``runs_after``.
+``rewrite``, ``scan_before``, ``scan_after``, ``runs_before``, ``runs_after``,
+``duckdb_scan_before``, ``duckdb_scan_after``, ``duckdb_runs_before``, ``duckdb_runs_after``.
 docs/benchmarks.md describes each field.
 """
 
@@ -256,9 +257,42 @@ def rewrite_markdown(report: dict[str, Any]) -> str:
             f"Note: {count(groups, 'group')} for parallelism "
             f"{comp['parallelism']}: groups are what run at once (see --max-group-size).",
         ]
+    lines += ["", *_breakdown_lines(comp)]
     if "conversion" in report:
         lines += ["", *_remedies_lines(report["conversion"], comp)]
     return "\n".join(lines) + "\n"
+
+
+# compactor's breakdown (report.json's ``compactor.breakdown``), in the order of the work.
+_BREAKDOWN_ROWS = (
+    ("plan", "planning (and the run's start)"),
+    ("open_footer", "read: open, footer"),
+    ("projection", "read: mapping, projection"),
+    ("decode", "read: bulk scan, in compactor's thread"),
+    ("pyarrow_threads", "read: bulk scan, decoding in pyarrow's threads"),
+    ("read_each", "read: Iceberg read path, file by file"),
+    ("write", "write: encode"),
+    ("statistics", "statistics for the manifests"),
+    ("rewrite_other", "rewrite: the rest"),
+    ("commit", "commit (and the run's end)"),
+)
+
+
+def _breakdown_lines(comp: dict[str, Any]) -> list[str]:
+    """Where compactor's time went: CPU seconds per stage and per input file."""
+    parts = comp["breakdown"]
+    cpu, per_file, seconds = parts["cpu_seconds"], parts["cpu_ms_per_file"], parts["seconds"]
+    rows = [[name, _num(cpu[key], 3), _num(per_file[key], 3)] for key, name in _BREAKDOWN_ROWS]
+    rows.append(["total", _num(comp["cpu_seconds"], 3), _num(per_file["total"], 3)])
+    return [
+        f"Where compactor's CPU went, over {count(comp['input_files'], 'input file')} (wall "
+        f"time: planning {seconds['plan']:.2f}s, rewrite {seconds['rewrite']:.2f}s, commit "
+        f"{seconds['commit']:.2f}s). The rewrite's parts are the CPU of compactor's threads in "
+        'each, and of pyarrow\'s thread pools during the rewrite; "the rest" is the rest of '
+        "the process's CPU during the rewrite (threads that ended, work between the parts).",
+        "",
+        *_table(["stage", "CPU s", "CPU ms per file"], rows),
+    ]
 
 
 def _remedies_lines(conversion: dict[str, Any], comp: dict[str, Any]) -> list[str]:
@@ -407,6 +441,8 @@ def manifests_markdown(report: dict[str, Any]) -> str:
         for when, scan in (("before", before), ("after", after))
     ]
     speedup = before["plan_files_seconds"] / max(after["plan_files_seconds"], 1e-9)
+    duck_before, duck_after = report["duckdb_scan_before"], report["duckdb_scan_after"]
+    duck_speedup = duck_before["explain_seconds"] / max(duck_after["explain_seconds"], 1e-9)
     lines = [
         "# Rewriting the manifests of a table of many one-file commits",
         "",
@@ -423,6 +459,13 @@ def manifests_markdown(report: dict[str, Any]) -> str:
         f"pyiceberg's `table.scan().plan_files()`: {before['plan_files_seconds']:.2f}s before, "
         f"{after['plan_files_seconds']:.2f}s after ({speedup:.1f}x faster; median of "
         f"{count(len(report['runs_before']), 'fresh process', 'fresh processes')} each).",
+        "",
+        f"DuckDB's `iceberg_scan`, `EXPLAIN SELECT *`: {duck_before['explain_seconds']:.2f}s "
+        f"before, {duck_after['explain_seconds']:.2f}s after ({duck_speedup:.1f}x faster); "
+        f"`SELECT count(*)`: {duck_before['count_seconds']:.2f}s before, "
+        f"{duck_after['count_seconds']:.2f}s after; files opened: "
+        f"{duck_before['files_opened']:,} before, {duck_after['files_opened']:,} after "
+        f"({duck_before['data_files_opened'] + duck_after['data_files_opened']} data files).",
     ]
     return "\n".join(lines) + "\n"
 

@@ -42,12 +42,13 @@ import multiprocessing
 import os
 import resource
 import shutil
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import duckdb
 import pyarrow as pa
@@ -68,11 +69,16 @@ from compactor.bench.tpcds import (
 )
 from compactor.bench.warehouse import Warehouse
 from compactor.errors import UsageError
+from compactor.execute import make_executor
+from compactor.execute.executors import Executor, Outcome
 from compactor.iceberg.delete_files import commit_delete_files, write_equality_delete_file
 from compactor.iceberg.duckdb_views import duckdb_path
 from compactor.iceberg.pyiceberg_compat import parquet_writer_kwargs
 from compactor.options import resolve_options
+from compactor.planning.tasks import RewriteTask
+from compactor.rewrite import phase_times
 from compactor.rewrite.parquet_output import row_group_target
+from compactor.rewrite.task_runner import CancelToken
 from compactor.sizes import parse_size, proc_status_bytes
 
 MB = 10**6
@@ -266,6 +272,10 @@ class PhaseUsage:
         """Seconds since the phase began."""
         return time.perf_counter() - self._started
 
+    def mark(self) -> Mark:
+        """Where the phase stands now (see :class:`Mark`)."""
+        return Mark(self.elapsed(), _cpu_seconds() - self._cpu, _native_thread_cpu())
+
     def resources(self) -> dict[str, Any]:
         """CPU seconds since the phase began, peak RSS during it and RSS when it began."""
         return {
@@ -301,6 +311,32 @@ def _rates(seconds: float, input_bytes: int, input_files: int) -> dict[str, Any]
 def _cpu_seconds() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
+
+
+class Mark(NamedTuple):
+    """A moment of a phase: seconds and CPU seconds since it began, and the CPU seconds so far
+    of the threads of the process that Python did not start (pyarrow's thread pools)."""
+
+    seconds: float
+    cpu_seconds: float
+    native_cpu_seconds: float
+
+
+def _native_thread_cpu() -> float:
+    """CPU seconds of this process's live threads unknown to Python, from ``/proc`` (Linux;
+    0 elsewhere): pyarrow's thread pools, which decode what its scanners read."""
+    python = {t.native_id for t in threading.enumerate()}
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    with contextlib.suppress(OSError):
+        for task in Path("/proc/self/task").iterdir():
+            if int(task.name) in python:
+                continue
+            with contextlib.suppress(OSError):  # the thread has ended
+                stat = (task / "stat").read_text()
+                utime, stime = stat[stat.rindex(")") + 2 :].split()[11:13]
+                total += int(utime) + int(stime)
+    return total / tick
 
 
 def floor_phase(
@@ -354,6 +390,66 @@ def floor_phase(
     return usage.result(input_bytes, outputs, len(files))
 
 
+# Where a rewrite task's CPU goes (compactor.rewrite.phase_times), in the order of the work.
+TASK_PHASES = ("open_footer", "projection", "decode", "read_each", "write", "statistics")
+
+
+class StageClock:
+    """compactor's executor, marking the phase (:meth:`PhaseUsage.mark`) when tasks are first
+    handed to it (planning done) and when the last result comes back (the commit next)."""
+
+    def __init__(self, executor: Executor, mark: Callable[[], Mark]) -> None:
+        self._executor, self._mark = executor, mark
+        self.planned: Mark | None = None
+        self.rewritten: Mark | None = None
+
+    def run(
+        self, tasks: Sequence[RewriteTask], cancel: CancelToken
+    ) -> Iterator[tuple[RewriteTask, Outcome]]:
+        self.planned = self.planned or self._mark()
+        for outcome in self._executor.run(tasks, cancel):
+            self.rewritten = self._mark()
+            yield outcome
+
+    def close(self) -> None:
+        self._executor.close()
+
+
+def breakdown(
+    phase: Mapping[str, Any], stages: StageClock, tasks: Sequence[Mapping[str, float]]
+) -> dict[str, Any]:
+    """Where compactor's ``phase`` went: wall and CPU seconds of planning (with the run's start),
+    the rewrite and the commit (with the run's end), in turn; the rewrite's CPU split into the
+    ``tasks``' phases (their threads' own CPU), pyarrow's threads, and the rest (threads that
+    ended, the interpreter between phases); and CPU milliseconds per input file."""
+    seconds, cpu = phase["seconds"], phase["cpu_seconds"]
+    planned = stages.planned or Mark(seconds, cpu, 0.0)
+    rewritten = stages.rewritten or planned
+    in_tasks = {name: sum(t.get(name, 0.0) for t in tasks) for name in TASK_PHASES}
+    pyarrow_threads = rewritten.native_cpu_seconds - planned.native_cpu_seconds
+    rewrite_cpu = rewritten.cpu_seconds - planned.cpu_seconds
+    parts = {
+        "plan": planned.cpu_seconds,
+        **in_tasks,
+        "pyarrow_threads": pyarrow_threads,
+        "rewrite_other": rewrite_cpu - pyarrow_threads - sum(in_tasks.values()),
+        "commit": cpu - rewritten.cpu_seconds,
+    }
+    files = max(phase["input_files"], 1)
+    return {
+        "seconds": {
+            "plan": round(planned.seconds, 3),
+            "rewrite": round(rewritten.seconds - planned.seconds, 3),
+            "commit": round(seconds - rewritten.seconds, 3),
+        },
+        "cpu_seconds": {name: round(value, 3) for name, value in parts.items()},
+        "cpu_ms_per_file": {
+            **{name: round(value * 1000 / files, 4) for name, value in parts.items()},
+            "total": round(cpu * 1000 / files, 4),
+        },
+    }
+
+
 def compactor_phase(
     catalog_properties: dict[str, str],
     target: str,
@@ -362,7 +458,8 @@ def compactor_phase(
     max_group_size: str | None = None,
     memory_limit: str | None = None,
 ) -> dict[str, Any]:
-    """Compact ``tpcds.store_sales`` with compactor's defaults and the options given."""
+    """Compact ``tpcds.store_sales`` with compactor's defaults and the options given, timing
+    its stages and its tasks' phases (:func:`breakdown`)."""
     from pyiceberg.catalog.sql import SqlCatalog
 
     from compactor.api import compact
@@ -379,12 +476,18 @@ def compactor_phase(
         max_group_size=max_group_size,
         memory_limit=memory_limit,
     )
+    phase_times.enable()
     usage = PhaseUsage()
-    result = compact(table, options)
+    stages = StageClock(make_executor(options.execution), usage.mark)
+    try:
+        result = compact(table, options, executor=stages)
+    finally:
+        stages.close()
     outputs = [d.file_size_in_bytes for r in result.committed for d in r.data_files]
     input_files = sum(len(g.files) for g in result.committed_groups)
+    measured = usage.result(sum(r.input_bytes for r in result.committed), outputs, input_files)
     return {
-        **usage.result(sum(r.input_bytes for r in result.committed), outputs, input_files),
+        **measured,
         "groups": len(result.plan.groups),
         "parallelism": options.execution.parallelism,
         "max_group_size": options.plan.max_group_size,
@@ -392,6 +495,7 @@ def compactor_phase(
         "records_written": sum(r.records_read for r in result.committed),
         "rows_deleted": sum(r.rows_deleted for r in result.committed),
         "bulk_read_files": sum(r.bulk_read_files for r in result.committed),
+        "breakdown": breakdown(measured, stages, [r.phase_times for r in result.committed]),
     }
 
 

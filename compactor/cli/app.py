@@ -1,8 +1,8 @@
 """The ``compactor`` command line: the root command and its global options.
 
 The commands live with their family: ``compact_commands`` (run, inspect), ``maintain_commands``
-(expire, orphans, rewrite-deletes), ``service_commands`` (daemon, status, jobs), ``demo`` and
-``bench``.
+(expire, orphans, rewrite-deletes), ``service_commands`` (daemon, status, jobs),
+``quarantine_commands`` (quarantine list, clear), ``demo`` and ``bench``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,13 @@ from typing import Annotated
 import typer
 
 from compactor import __version__
-from compactor.cli import compact_commands, demo, maintain_commands, service_commands
+from compactor.cli import (
+    compact_commands,
+    demo,
+    maintain_commands,
+    quarantine_commands,
+    service_commands,
+)
 from compactor.cli.bench import bench_app
 from compactor.cli.output import fail, out, state
 from compactor.errors import UsageError
@@ -37,6 +43,7 @@ app.add_typer(demo.commands)
 app.add_typer(service_commands.commands)
 app.add_typer(bench_app, name="bench")
 app.add_typer(service_commands.jobs_app, name="jobs")
+app.add_typer(quarantine_commands.quarantine_app, name="quarantine")
 
 
 def _print_version(value: bool) -> None:

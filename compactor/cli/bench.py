@@ -58,7 +58,14 @@ TinyScaleFactorOpt = Annotated[
 ]
 # What the bench extra brings beyond compactor's own dependencies (checked before a benchmark
 # starts, not when its report is drawn at the end).
-BENCH_EXTRA_MODULES = ("duckdb_extension_tpcds", "duckdb_extension_httpfs", "matplotlib", "moto")
+BENCH_EXTRA_MODULES = (
+    "duckdb_extension_tpcds",
+    "duckdb_extension_httpfs",
+    "duckdb_extension_iceberg",
+    "duckdb_extension_avro",
+    "matplotlib",
+    "moto",
+)
 
 
 def _require_bench_extra() -> None:
@@ -425,6 +432,13 @@ def plan(
     ] = None,
     target_file_size: TargetOpt = "512MB",
     allow_small_target: AllowSmallOpt = False,
+    memory_limit: Annotated[
+        str | None,
+        typer.Option(
+            help="compactor's --memory-limit for planning (default compactor's, 384MiB): "
+            "candidates past its budget are left for a next run."
+        ),
+    ] = None,
     workdir: WorkdirOpt = None,
     out: OutOpt = Path("bench-report"),
     as_json: JsonOpt = False,
@@ -456,6 +470,7 @@ def plan(
         target_file_size=target_file_size,
         allow_small_target=allow_small_target,
         distinct_files=distinct_files,
+        memory_limit=memory_limit,
     )
     _run_on_local_warehouse("plan", run_plan_benchmark, parameters, workdir, out, as_json)
 
@@ -470,7 +485,10 @@ def manifests(
     scale_factor: TinyScaleFactorOpt = 0.01,
     repetitions: Annotated[
         int,
-        typer.Option(help="Scan plannings before and after, each in a fresh process (median)."),
+        typer.Option(
+            help="Scan plannings before and after, pyiceberg's and DuckDB's, each in a fresh "
+            "process (median)."
+        ),
     ] = 3,
     workdir: WorkdirOpt = None,
     out: OutOpt = Path("bench-report"),
@@ -480,11 +498,13 @@ def manifests(
 
     Builds TPC-DS store_sales as --commits fast appends of one Parquet file each (one manifest
     per commit, as bench plan builds it), then times pyiceberg's scan planning
-    (table.scan().plan_files()), compactor.rewrite_manifests(table), and scan planning again,
-    each in a fresh process. Reports the manifests before and after, the rewrite's time, and
-    the median planning time before and after.
+    (table.scan().plan_files()) and DuckDB's (EXPLAIN and count(*) through iceberg_scan,
+    with the iceberg extension of the PyPI package duckdb-extension-iceberg),
+    compactor.rewrite_manifests(table), and both scan plannings again, each in a fresh process.
+    Reports the manifests before and after, the rewrite's time, and the median planning times
+    before and after.
 
-    Example: compactor bench manifests --commits 5000 --out bench-manifests
+    Example: compactor bench manifests --commits 10000 --out bench-manifests
     """
     _require_bench_extra()
     from compactor.bench.manifests import manifest_parameters, run_manifest_benchmark

@@ -29,7 +29,7 @@ from compactor.cli.common import (
 )
 from compactor.cli.model_flags import with_model_flags
 from compactor.cli.output import err, fail, guarded, out, print_json, print_table
-from compactor.durations import utc_now_text
+from compactor.durations import format_time, utc_now_text
 from compactor.errors import CompactorError
 from compactor.options.compact import CompactOptions
 from compactor.options.defaults import DEFAULT_BRANCH
@@ -131,6 +131,13 @@ def _print_plan(plan: Plan) -> None:
     )
 
 
+def _print_quarantined(result: RunResult) -> None:
+    """A line naming the unreadable files the run left out (each found one is also logged)."""
+    for f in result.quarantined_files:
+        line = f"  quarantined, left as it is: {f.path}: {f.reason}"
+        out.print(line, markup=False, highlight=False)
+
+
 def _print_result(result: RunResult) -> None:
     if result.stopped:
         out.print(f"{result.table}: stopped by signal; finished groups were committed")
@@ -148,6 +155,7 @@ def _print_result(result: RunResult) -> None:
                 highlight=False,
             )
         _print_grown(result)
+        _print_quarantined(result)
         return
     added_files, added_bytes = len(result.added_files), result.added_bytes
     avg = added_bytes / added_files if added_files else 0
@@ -168,6 +176,7 @@ def _print_result(result: RunResult) -> None:
             highlight=False,
         )
     _print_grown(result)
+    _print_quarantined(result)
 
 
 def _print_grown(result: RunResult) -> None:
@@ -203,8 +212,9 @@ def run(
     Safe beside live writers: concurrent appends never conflict; a group whose input was
     changed meanwhile is left out. SIGTERM or Ctrl-C stops cleanly: no new group starts, running
     ones are abandoned, finished ones are committed, exit 0. If another compactor run holds the
-    table, this one backs off and exits 0 (or --exit-code-if-busy). Exit 1 when a group failed; a group with a file that
-    is missing or not valid Parquet is skipped, the file named, and the others are committed.
+    table, this one backs off and exits 0 (or --exit-code-if-busy). Exit 1 when a group failed.
+    A file that is missing or not valid Parquet fails nothing: it is named and quarantined (see
+    `compactor quarantine`), stays in the table as it is, and its group is compacted without it.
     """
     from compactor.api import compact, options_for
     from compactor.execute.progress_log import ProgressLog, progress_interval
@@ -310,9 +320,17 @@ def inspect(
         out.print(f"setting: {name} = {value} ({source})", markup=False, highlight=False)
     for action in inspection.paused:
         out.print(f"paused by the table's properties: {action}", markup=False, highlight=False)
-    for path in inspection.unreadable_files:
-        line = f"unreadable file, skipped by the last compaction: {path}"
+    quarantined = {f.path for f in inspection.quarantined_files}
+    for f in inspection.quarantined_files:
+        line = (
+            f"quarantined file, left out of compaction since {format_time(f.first_seen_ms)}: "
+            f"{f.path}: {f.reason}"
+        )
         out.print(line, markup=False, highlight=False)
+    for path in inspection.unreadable_files:
+        if path not in quarantined:
+            line = f"unreadable file, skipped by the last compaction: {path}"
+            out.print(line, markup=False, highlight=False)
     for c in inspection.commits_in_doubt:
         line = (
             f"commit in doubt: snapshot {c.commit.snapshot_id} of run {c.commit.run_id} on "

@@ -20,6 +20,7 @@ from compactor.cli.common import (
 from compactor.cli.model_flags import with_model_flags
 from compactor.cli.output import err, fail, guarded, out, print_json, print_table
 from compactor.errors import CompactorError, UsageError
+from compactor.options.defaults import DEFAULT_BRANCH
 from compactor.options.maintenance import (
     ExpireOptions,
     OrphansOptions,
@@ -248,11 +249,13 @@ def rewrite_deletes(
     if as_json:
         return
     warn_in_doubt(table, result.commits_in_doubt)
+    branch = options.get("branch") or DEFAULT_BRANCH
+    where = table if branch == DEFAULT_BRANCH else f"{table} (branch {branch})"
     conversion = result.equality_conversion
     if conversion is not None and (conversion.plan.equality_deletes or conversion.skipped):
         written = conversion.position_delete_files_written
         out.print(
-            f"{table}: {'would convert' if dry_run else 'converted'} "
+            f"{where}: {'would convert' if dry_run else 'converted'} "
             f"{conversion.equality_delete_files_converted} equality delete files"
             + ("" if written is None else f" into {written} position delete files")
             + (
@@ -267,7 +270,7 @@ def rewrite_deletes(
             out.print(f"equality delete group {group_id} left out: {reason}")
     verb = "would replace" if dry_run else "replaced"
     out.print(
-        f"{table}: {verb} {result.files_removed} position delete files with "
+        f"{where}: {verb} {result.files_removed} position delete files with "
         f"{result.files_added}; dropped {result.dangling_rows_dropped} rows that applied to "
         "no live data file"
     )

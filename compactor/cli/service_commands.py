@@ -222,6 +222,7 @@ def status(config: ConfigFileOpt = None, as_json: JsonOpt = False) -> None:
     from compactor.daemon.config import load_daemon_config
     from compactor.daemon.jobfiles import load_jobs
     from compactor.daemon.status import daemon_status
+    from compactor.options.table_properties import DEFAULT
 
     settings = load_daemon_config(config)
     if not settings.state_path.exists():
@@ -256,7 +257,7 @@ def status(config: ConfigFileOpt = None, as_json: JsonOpt = False) -> None:
                 str(t["delete_files"]),
                 str(t["data_files"]),
                 str(t["score"]),
-                "yes" if t["due"] else "no",
+                _due(t),
                 _last_compaction(t["last_compaction"]),
                 _when(t["next_compaction_at_ms"]),
                 _manifests(t["manifests"]),
@@ -273,6 +274,18 @@ def status(config: ConfigFileOpt = None, as_json: JsonOpt = False) -> None:
             "next compaction",
             "manifests",
         ),
+    )
+    print_table(
+        "settings (each table's, where not the default, at its last scan)",
+        ("table", "setting", "value", "source"),
+        (
+            (t["table"], v["option"], Text(str(v["value"])), v["source"])  # no markup
+            for t in data["tables"]
+            for v in t["settings"]
+            if v["source"] != DEFAULT
+        ),
+        fold=("value", "source"),
+        skip_empty=True,
     )
     print_table(
         "jobs",
@@ -323,12 +336,23 @@ def status(config: ConfigFileOpt = None, as_json: JsonOpt = False) -> None:
         right=("files in", "bytes in", "files out"),
     )
     print_table(
-        "unreadable files (skipped by each table's last compaction)",
+        "unreadable files (found by each table's last compaction)",
         ("table", "file", "reason"),
         (
             (t["table"], Text(f["path"]), Text(f["reason"]))  # no markup
             for t in data["tables"]
             for f in (t["last_compaction"] or {}).get("skipped_files", [])
+        ),
+        fold=("table", "file", "reason"),
+        skip_empty=True,
+    )
+    print_table(
+        "quarantined files (left out of compaction, as each table's last compaction left them)",
+        ("table", "file", "since", "reason"),
+        (
+            (t["table"], Text(f["path"]), _when(f["first_seen_ms"]), Text(f["reason"]))
+            for t in data["tables"]
+            for f in (t["last_compaction"] or {}).get("quarantined_files", [])
         ),
         fold=("table", "file", "reason"),
         skip_empty=True,
@@ -344,6 +368,14 @@ def status(config: ConfigFileOpt = None, as_json: JsonOpt = False) -> None:
         ),
         skip_empty=True,
     )
+
+
+def _due(table: dict[str, Any]) -> str:
+    """``yes``, ``no``, or ``paused`` (by the table's own properties)."""
+    enabled = next((s for s in table["settings"] if s["option"] == "enabled"), None)
+    if enabled is not None and enabled["value"] == "False":
+        return "paused"
+    return "yes" if table["due"] else "no"
 
 
 def _manifests(manifests: dict[str, Any] | None) -> str:

@@ -1,4 +1,4 @@
-"""Commit rewritten position delete groups as one ``replace`` snapshot on main.
+"""Commit rewritten position delete groups as one ``replace`` snapshot on a branch.
 
 The replaced files' DELETED entries and the new files go in delete manifests; the head's other
 manifests are carried over. The new files carry, explicitly on their manifest entries, the
@@ -49,8 +49,10 @@ def find_delete_conflicts(
     start_snapshot_id: int | None,
     groups: Iterable[RewrittenDeleteGroup],
     head: Snapshot | None,
+    branch: str = MAIN_BRANCH,
 ) -> dict[int, str]:
-    """Group id -> why committing it now would be wrong, from every snapshot since the start.
+    """Group id -> why committing it now would be wrong, from every snapshot committed on
+    ``branch`` since the start.
 
     A group is refused when one of its delete files is no longer live, a data file one of its
     kept rows applies to was removed, or a data file was added at a path one of its rows names.
@@ -67,7 +69,7 @@ def find_delete_conflicts(
             targets[p].append(g.group_id)
         for p in g.referenced_paths:
             referenced[p].append(g.group_id)
-    for snapshot in new_snapshots(table, start_snapshot_id, head, MAIN_BRANCH):
+    for snapshot in new_snapshots(table, start_snapshot_id, head, branch):
         sid = snapshot.snapshot_id
         for entry in entries_added_by(table, snapshot):
             path = entry.data_file.file_path
@@ -100,8 +102,10 @@ def commit_delete_rewrite(
     retry: RetryPolicy | None = None,
     sleep: Callable[[float], None] = time.sleep,
     journal: CommitJournal | None = None,
+    branch: str = MAIN_BRANCH,
 ) -> DeleteCommitOutcome:
-    """Commit the rewritten ``groups`` as one ``replace`` snapshot; refused groups are reported.
+    """Commit the rewritten ``groups`` as one ``replace`` snapshot on ``branch``; refused groups
+    are reported.
 
     The caller owns the outputs of refused groups and deletes them. ``journal`` records files
     and catalog calls first (:func:`compactor.commit.committer.commit_on_branch`). Raises
@@ -117,8 +121,8 @@ def commit_delete_rewrite(
                 f"{table.metadata.format_version} during the rewrite; nothing committed"
             )
         if head is None:
-            raise CommitConflictError(f"table {identifier}: main has no snapshot any more")
-        return find_delete_conflicts(table, start_snapshot_id, pending.values(), head)
+            raise CommitConflictError(f"table {identifier}: {branch} has no snapshot any more")
+        return find_delete_conflicts(table, start_snapshot_id, pending.values(), head, branch)
 
     def build(
         attempt: SnapshotWriter,
@@ -140,6 +144,7 @@ def commit_delete_rewrite(
         retry=retry,
         sleep=sleep,
         journal=journal,
+        branch=branch,
     )
 
 

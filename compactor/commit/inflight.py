@@ -195,7 +195,7 @@ def record_paths(table: Table) -> list[str]:
     return [f"{table.metadata.location.rstrip('/')}/metadata/{name}" for name in RECORD_SLOTS]
 
 
-def _read_small_file(table: Table, path: str) -> bytes | None:
+def read_small_file(table: Table, path: str) -> bytes | None:
     """The bytes of ``path``, or None when it does not exist; storage errors are retried.
 
     A small ranged read fails at once on a throttled object store (an error document larger
@@ -225,7 +225,7 @@ def read_record(table: Table) -> RunRecord | None:
     found: list[RunRecord] = []
     exists = False
     for path in record_paths(table):
-        text = _read_small_file(table, path)
+        text = read_small_file(table, path)
         if text is None:
             continue
         exists = True

@@ -3,14 +3,20 @@
 The current snapshot's summary comes first: a table whose totals cannot cross a threshold is
 scored without reading any manifest. Otherwise manifests are read through a per-table
 :class:`~compactor.planning.health.ManifestCache`, so only manifests added since the last scan are read,
-and a table whose snapshot has not changed is not read at all. The scores count each
+and a table whose snapshot has not changed has no manifest read. The scores count each
 partition's delete files too, from which :mod:`compactor.daemon.remedies` picks a remedy.
+
+Files in the table's quarantine (:mod:`compactor.quarantine`) are not counted as small: a
+compaction leaves them out. The quarantine is read once per scan (with the one request per entry
+a run makes too); while it holds small data files, the manifests are searched for their
+partitions, each manifest once per quarantine.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
+from pyiceberg.manifest import ManifestContent
 from pyiceberg.table import Table
 
 from compactor.daemon.jobfiles import CompactAction, RewriteDeletesAction
@@ -21,8 +27,11 @@ from compactor.daemon.remedies import (
     compaction_reasons,
     rewrite_deletes_reasons,
 )
-from compactor.options.defaults import DEFAULT_MIN_INPUT_FILES
+from compactor.iceberg.pyiceberg_compat import manifest_entries
+from compactor.options.defaults import DEFAULT_MIN_INPUT_FILES, MIN_FILE_SIZE_RATIO
 from compactor.planning.health import ManifestCache, TableHealth, table_health
+from compactor.planning.planner import partition_path
+from compactor.quarantine import Quarantine
 from compactor.sizes import format_size, parse_size
 
 SUMMARY = "summary"
@@ -160,12 +169,20 @@ def _summary_int(summary: dict[str, str], name: str) -> int | None:
     return int(value) if value is not None and value.isdigit() else None
 
 
+# Where quarantined files are: path -> (partition, size), as one manifest lists them.
+Located = dict[str, tuple[str, int]]
+
+
 class FragmentationScanner:
     """Scores tables, remembering what it read: one instance per daemon."""
 
     def __init__(self) -> None:
         self._caches: dict[str, ManifestCache] = {}
-        self._last: dict[str, tuple[tuple[int | None, int, Thresholds], Fragmentation]] = {}
+        self._last: dict[
+            str, tuple[tuple[int | None, int, Thresholds, frozenset[str]], Fragmentation]
+        ] = {}
+        # table -> the quarantined paths searched for, and what each manifest read holds of them.
+        self._located: dict[str, tuple[frozenset[str], dict[str, Located]]] = {}
 
     def scan(
         self,
@@ -178,55 +195,108 @@ class FragmentationScanner:
         """Score ``table``'s current snapshot against ``target_file_size`` and a job's
         ``[compact]`` and ``[rewrite_deletes]`` sections (either may be None)."""
         thresholds = Thresholds(compact, deletes)
+        totals = summary_fragmentation(table, identifier)
+        if totals is not None and not thresholds.crossed_by(totals.data_files, totals.delete_files):
+            return totals
+        small = int(target_file_size * MIN_FILE_SIZE_RATIO)
+        quarantined = frozenset(f.path for f in Quarantine.load(table).files if f.size < small)
         snapshot = table.current_snapshot()
         snapshot_id = snapshot.snapshot_id if snapshot else None
-        key = (snapshot_id, target_file_size, thresholds)
+        key = (snapshot_id, target_file_size, thresholds, quarantined)
         last = self._last.get(identifier)
         if last and last[0] == key:
             return replace(last[1], manifests_read=0)
-        summary = snapshot.summary.additional_properties if snapshot and snapshot.summary else {}
-        data_files = _summary_int(summary, "total-data-files")
-        delete_files = _summary_int(summary, "total-delete-files")
-        format_version = table.metadata.format_version
-        if (
-            data_files is not None
-            and delete_files is not None
-            and not thresholds.crossed_by(data_files, delete_files)
-        ):
-            found = Fragmentation(
-                identifier,
-                snapshot_id,
-                data_files,
-                _summary_int(summary, "total-files-size") or 0,
-                delete_files,
-                SUMMARY,
-                manifests_read=0,
-                format_version=format_version,
-            )
-        else:
-            cache = self._caches.setdefault(identifier, ManifestCache())
-            read_before = cache.manifests_read
-            health = table_health(
-                table, identifier, target_file_size, thresholds.min_input_files, cache
-            )
-            worst = health.worst_partitions(1)
-            found = Fragmentation(
-                identifier,
-                snapshot_id,
-                health.data_files,
-                health.data_bytes,
-                health.delete_files,
-                MANIFESTS,
-                manifests_read=cache.manifests_read - read_before,
-                small_files=health.small_files,
-                small_bytes=health.small_bytes,
-                files_under_target=health.files_under_target,
-                bytes_under_target=health.bytes_under_target,
-                partitions=len(health.partitions),
-                worst_partition=worst[0].partition if worst else None,
-                worst_partition_files_under_target=worst[0].files_under_target if worst else None,
-                format_version=format_version,
-                delete_partitions=_delete_partitions(health),
-            )
+        cache = self._caches.setdefault(identifier, ManifestCache())
+        read_before = cache.manifests_read
+        health = table_health(
+            table, identifier, target_file_size, thresholds.min_input_files, cache
+        )
+        searched = self._leave_out(table, identifier, health, quarantined) if quarantined else 0
+        worst = health.worst_partitions(1)
+        found = Fragmentation(
+            identifier,
+            snapshot_id,
+            health.data_files,
+            health.data_bytes,
+            health.delete_files,
+            MANIFESTS,
+            manifests_read=cache.manifests_read - read_before + searched,
+            small_files=health.small_files,
+            small_bytes=health.small_bytes,
+            files_under_target=health.files_under_target,
+            bytes_under_target=health.bytes_under_target,
+            partitions=len(health.partitions),
+            worst_partition=worst[0].partition if worst else None,
+            worst_partition_files_under_target=worst[0].files_under_target if worst else None,
+            format_version=table.metadata.format_version,
+            delete_partitions=_delete_partitions(health),
+        )
         self._last[identifier] = (key, found)
         return found
+
+    def _leave_out(
+        self, table: Table, identifier: str, health: TableHealth, quarantined: frozenset[str]
+    ) -> int:
+        """Take the ``quarantined`` small files out of ``health``'s files under target; the
+        manifests read to find their partitions."""
+        searched, holding = self._located.get(identifier, (frozenset(), {}))
+        if searched != quarantined:
+            holding = {}
+        snapshot = table.current_snapshot()
+        manifests = snapshot.manifests(table.io) if snapshot else []
+        specs, schema = table.metadata.specs(), table.schema()
+        located: Located = {}
+        read = 0
+        for manifest in manifests:
+            if len(located) == len(quarantined):
+                break
+            if manifest.content != ManifestContent.DATA:
+                continue
+            if manifest.manifest_path not in holding:
+                entries = manifest_entries(table.io, manifest, table.metadata.format_version)
+                read += 1
+                holding[manifest.manifest_path] = {
+                    f.file_path: (
+                        partition_path(specs[f.spec_id], schema, f.partition) or "(unpartitioned)",
+                        f.file_size_in_bytes,
+                    )
+                    for f in (entry.data_file for entry in entries)
+                    if f.file_path in quarantined
+                }
+            located.update(holding[manifest.manifest_path])
+        current = {m.manifest_path for m in manifests}
+        self._located[identifier] = (
+            quarantined,
+            {path: found for path, found in holding.items() if path in current},
+        )
+        small = int(health.target_file_size * MIN_FILE_SIZE_RATIO)
+        for partition, size in located.values():
+            part = health.partitions.get(partition)
+            if part is None or size >= small:
+                continue
+            part.files_under_target -= 1
+            part.bytes_under_target -= size
+            health.files_under_target -= 1
+            health.bytes_under_target -= size
+        return read
+
+
+def summary_fragmentation(table: Table, identifier: str) -> Fragmentation | None:
+    """The table's totals from its current snapshot's summary alone (no manifest read); None
+    when the summary does not give them."""
+    snapshot = table.current_snapshot()
+    summary = snapshot.summary.additional_properties if snapshot and snapshot.summary else {}
+    data_files = _summary_int(summary, "total-data-files")
+    delete_files = _summary_int(summary, "total-delete-files")
+    if data_files is None or delete_files is None:
+        return None
+    return Fragmentation(
+        identifier,
+        snapshot.snapshot_id if snapshot else None,
+        data_files,
+        _summary_int(summary, "total-files-size") or 0,
+        delete_files,
+        SUMMARY,
+        manifests_read=0,
+        format_version=table.metadata.format_version,
+    )

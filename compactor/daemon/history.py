@@ -39,7 +39,8 @@ CREATE TABLE IF NOT EXISTS runs (
     conflicts INTEGER NOT NULL DEFAULT 0,
     error TEXT,
     skipped_files TEXT NOT NULL DEFAULT '[]',
-    commits_in_doubt TEXT NOT NULL DEFAULT '[]'
+    commits_in_doubt TEXT NOT NULL DEFAULT '[]',
+    quarantined_files TEXT NOT NULL DEFAULT '[]'
 );
 CREATE INDEX IF NOT EXISTS runs_by_table ON runs (table_name, action, id);
 CREATE TABLE IF NOT EXISTS tables (
@@ -47,7 +48,8 @@ CREATE TABLE IF NOT EXISTS tables (
     job TEXT NOT NULL,
     scanned_at REAL NOT NULL,
     fragmentation TEXT NOT NULL,
-    due INTEGER NOT NULL
+    due INTEGER NOT NULL,
+    settings TEXT NOT NULL DEFAULT '[]'
 );
 CREATE TABLE IF NOT EXISTS schedules (
     job TEXT NOT NULL,
@@ -96,8 +98,10 @@ class RunRow:
     snapshot_ids: list[int] = field(default_factory=list)
     conflicts: int = 0
     error: str | None = None
-    # Unreadable files whose groups a compaction skipped: {"group_id", "path", "reason"} each.
+    # Unreadable files a compaction found (and quarantined): {"group_id", "path", "reason"} each.
     skipped_files: list[dict[str, Any]] = field(default_factory=list)
+    # The table's quarantine after a compaction: {"path", "reason", "first_seen_ms"} each.
+    quarantined_files: list[dict[str, Any]] = field(default_factory=list)
     # Commits of earlier runs that may still land, whose files the run kept (PendingCommit).
     commits_in_doubt: list[dict[str, Any]] = field(default_factory=list)
     id: int | None = None
@@ -127,12 +131,17 @@ class History:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA busy_timeout=10000")
             self._db.executescript(SCHEMA)
-            columns = {row["name"] for row in self._db.execute("PRAGMA table_info(runs)")}
-            for added in ("skipped_files", "commits_in_doubt"):
-                if added not in columns:  # a state file written by an earlier version
-                    self._db.execute(
-                        f"ALTER TABLE runs ADD COLUMN {added} TEXT NOT NULL DEFAULT '[]'"
-                    )
+            added_columns = {
+                "runs": ("skipped_files", "commits_in_doubt", "quarantined_files"),
+                "tables": ("settings",),
+            }
+            for name, added in added_columns.items():
+                columns = {row["name"] for row in self._db.execute(f"PRAGMA table_info({name})")}
+                for column in added:
+                    if column not in columns:  # a state file written by an earlier version
+                        self._db.execute(
+                            f"ALTER TABLE {name} ADD COLUMN {column} TEXT NOT NULL DEFAULT '[]'"
+                        )
         except (OSError, sqlite3.Error) as exc:
             raise ConfigError(f"state file {path}: {exc}") from None
         self._lock = threading.Lock()
@@ -176,7 +185,7 @@ class History:
             db.execute(
                 "UPDATE runs SET ended_at = ?, outcome = ?, input_files = ?, input_bytes = ?, "
                 "output_files = ?, output_bytes = ?, snapshot_ids = ?, conflicts = ?, error = ?, "
-                "skipped_files = ?, commits_in_doubt = ? WHERE id = ?",
+                "skipped_files = ?, commits_in_doubt = ?, quarantined_files = ? WHERE id = ?",
                 (
                     row.ended_at,
                     row.outcome,
@@ -189,6 +198,7 @@ class History:
                     redact(row.error) if row.error else row.error,
                     redact(json.dumps(row.skipped_files)),
                     json.dumps(row.commits_in_doubt),
+                    redact(json.dumps(row.quarantined_files)),
                     row.id,
                 ),
             )
@@ -231,15 +241,32 @@ class History:
         return found
 
     def record_scan(
-        self, table_name: str, job: str, now: float, fragmentation: dict[str, Any], due: bool
+        self,
+        table_name: str,
+        job: str,
+        now: float,
+        fragmentation: dict[str, Any],
+        due: bool,
+        settings: list[dict[str, Any]],
     ) -> None:
+        """A table's last scan: its fragmentation, whether it is due, and the settings it was
+        scored under (``option``, ``value``, ``source`` each)."""
         with self._tx() as db:
             db.execute(
-                "INSERT OR REPLACE INTO tables VALUES (?, ?, ?, ?, ?)",
-                (table_name, job, now, json.dumps(fragmentation), int(due)),
+                "INSERT OR REPLACE INTO tables (table_name, job, scanned_at, fragmentation, due, "
+                "settings) VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    table_name,
+                    job,
+                    now,
+                    json.dumps(fragmentation),
+                    int(due),
+                    redact(json.dumps(settings)),
+                ),
             )
 
     def scans(self) -> list[dict[str, Any]]:
+        """Each table's last scan, by table (``settings``: none from an earlier version)."""
         with self._lock:
             rows = self._db.execute("SELECT * FROM tables ORDER BY table_name").fetchall()
         return [
@@ -249,6 +276,7 @@ class History:
                 "scanned_at": row["scanned_at"],
                 "due": bool(row["due"]),
                 **json.loads(row["fragmentation"]),
+                "settings": json.loads(row["settings"]),
             }
             for row in rows
         ]
@@ -369,5 +397,6 @@ def _run(row: sqlite3.Row) -> RunRow:
         error=row["error"],
         skipped_files=json.loads(row["skipped_files"]),
         commits_in_doubt=json.loads(row["commits_in_doubt"]),
+        quarantined_files=json.loads(row["quarantined_files"]),
         id=row["id"],
     )

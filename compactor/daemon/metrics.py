@@ -109,6 +109,13 @@ class DaemonMetrics:
             ["table"],
             registry=r,
         )
+        self.quarantined_files = Gauge(
+            "compactor_table_quarantined_files",
+            "Files of the table's quarantine at its last compaction: found unreadable, left as "
+            "they are and out of compaction until their bytes change or they are cleared.",
+            ["table"],
+            registry=r,
+        )
         self.queue_length = Gauge("compactor_queue_length", "Runs waiting to start.", registry=r)
         self.running = Gauge("compactor_running_runs", "Runs in progress.", registry=r)
         self.scan_errors = Counter(

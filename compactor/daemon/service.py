@@ -32,7 +32,14 @@ from compactor.compaction import RunResult
 from compactor.daemon.config import DaemonConfig
 from compactor.daemon.dashboard.api import DashboardApi
 from compactor.daemon.dashboard.routes import Dashboard
-from compactor.daemon.fragmentation import FragmentationScanner, deletes_due_reasons, due_reasons
+from compactor.daemon.fragmentation import (
+    SUMMARY,
+    Fragmentation,
+    FragmentationScanner,
+    deletes_due_reasons,
+    due_reasons,
+    summary_fragmentation,
+)
 from compactor.daemon.history import History, RunRow
 from compactor.daemon.jobfiles import (
     Action,
@@ -57,7 +64,7 @@ from compactor.daemon.scheduling import (
     Request,
     RunPolicy,
 )
-from compactor.daemon.table_overrides import for_table, property_action
+from compactor.daemon.table_overrides import for_table, property_action, table_settings
 from compactor.durations import parse_duration_ms
 from compactor.errors import (
     CommitConflictError,
@@ -69,7 +76,7 @@ from compactor.errors import (
 from compactor.execute.progress_log import ProgressLog, progress_interval
 from compactor.iceberg.catalogs import open_catalog
 from compactor.options.compact import RewriteOptions, resolve_options
-from compactor.options.table_properties import TableDisabledError, paused_by
+from compactor.options.table_properties import TableDisabledError, paused_by, settings_list
 from compactor.planning.manifest_groups import ManifestStats, manifest_stats
 from compactor.sizes import count
 
@@ -134,6 +141,8 @@ class Daemon:
         self._tick_failures: dict[tuple[str, str], tuple[int, str | None]] = {}
         # (job, table) -> the settings warnings last logged for it: logged again only on change.
         self._warned: dict[tuple[str, str], tuple[str, ...]] = {}
+        # table -> its quarantine after its last compaction (RunRow.quarantined_files).
+        self._quarantined: dict[str, list[dict[str, Any]]] = {}
         self._runs = ThreadPoolExecutor(section.max_concurrent_runs, thread_name_prefix="run")
         self._scheduler = BackgroundScheduler(
             timezone=UTC,
@@ -156,6 +165,9 @@ class Daemon:
             }
         )
         self._restore_ticks()
+        for (table, action), runs in recent.items():
+            if action == "compact":
+                self._record_quarantine(table, runs[0].quarantined_files)
         self.history.forget_grown_groups({job.name for job in self.jobs})
         listen = self.config.listen
         if listen:
@@ -208,12 +220,20 @@ class Daemon:
 
     def _health(self) -> tuple[str, dict[str, Any]]:
         """``draining``, ``degraded`` (some job failed its last DEGRADED_AFTER_FAILED_TICKS
-        ticks) or ``ok``, and details."""
+        ticks) or ``ok``, and details: the files quarantined by each table's last compaction
+        among them (they degrade nothing: the tables' other files are compacted)."""
         with self._lock:
             details: dict[str, Any] = {
                 "running": len(self.policy.running),
                 "queued": len(self.policy.queued),
             }
+            quarantined = [
+                {"table": table, "path": f["path"], "reason": f["reason"]}
+                for table, files in sorted(self._quarantined.items())
+                for f in files
+            ]
+            if quarantined:
+                details["quarantined_files"] = quarantined
             failing = [
                 {"job": job, "action": action, "consecutive_failures": n, "error": error}
                 for (job, action), (n, error) in sorted(self._tick_failures.items())
@@ -224,6 +244,12 @@ class Daemon:
         if failing:
             return "degraded", {**details, "failing": failing}
         return "ok", details
+
+    def _record_quarantine(self, table: str, files: list[dict[str, Any]]) -> None:
+        """``table``'s quarantine after its last compaction, for /healthz and /metrics."""
+        with self._lock:
+            self._quarantined[table] = files
+        self.metrics.quarantined_files.labels(table).set(len(files))
 
     def _restore_ticks(self) -> None:
         """Carry on the failure streaks of the configured (job, action) pairs; forget others."""
@@ -347,6 +373,9 @@ class Daemon:
                 "paused by the table",
                 extra={"event": "paused", "table": identifier, "action": action, "by": setting},
             )
+            if isinstance(section, CompactAction):  # its totals, and why it is not due
+                totals = summary_fragmentation(table, identifier)
+                self._record_scan(table, identifier, job, totals, section, [])
             return None
         section = for_table(section, identifier, properties, action)
         if isinstance(section, RewriteManifestsAction):
@@ -383,18 +412,35 @@ class Daemon:
         target = options.plan.target_file_size
         fragmentation = self.scanner.scan(table, identifier, target, section, deletes)
         reasons = due_reasons(fragmentation, section, deletes)
-        self.history.record_scan(
-            identifier,
-            job.name,
-            self.clock(),
-            {**fragmentation.to_dict(), "reasons": reasons},
-            bool(reasons),
-        )
+        assert job.spec.compact is not None  # the job file's, before the table's properties
+        self._record_scan(table, identifier, job, fragmentation, job.spec.compact, reasons)
         self.metrics.small_files.labels(identifier).set(fragmentation.small_files or 0)
         self.metrics.small_bytes.labels(identifier).set(fragmentation.small_bytes or 0)
         self.metrics.data_files.labels(identifier).set(fragmentation.data_files)
         self.metrics.delete_files.labels(identifier).set(fragmentation.delete_files)
         return reasons, fragmentation.score
+
+    def _record_scan(
+        self,
+        table: Table,
+        identifier: str,
+        job: Job,
+        fragmentation: Fragmentation | None,
+        section: CompactAction,
+        reasons: list[str],
+    ) -> None:
+        """Record a scan of ``table`` (due when there are ``reasons``) in the state file, with
+        the settings of the job file's ``section`` as they apply to it."""
+        settings = table_settings(section, identifier, table.metadata.properties, "compact")
+        found = fragmentation or Fragmentation(identifier, None, 0, 0, 0, SUMMARY, 0)
+        self.history.record_scan(
+            identifier,
+            job.name,
+            self.clock(),
+            {**found.to_dict(), "reasons": reasons},
+            bool(reasons),
+            settings_list(settings),
+        )
 
     def _deletes_request(
         self,
@@ -602,6 +648,11 @@ class Daemon:
         row.skipped_files = [
             vars(f) for f in sorted(result.skipped_files, key=lambda f: (f.group_id, f.path))
         ]
+        row.quarantined_files = [
+            {"path": f.path, "reason": f.reason, "first_seen_ms": f.first_seen_ms}
+            for f in result.quarantined_files
+        ]
+        self._record_quarantine(request.table, row.quarantined_files)
         row.commits_in_doubt = [c.to_dict() for c in result.commits_in_doubt]
         errors = result.errors
         if errors:
@@ -707,8 +758,8 @@ def compaction_outcome(result: RunResult) -> str:
         return CANCELLED
     if not result.plan.groups:
         return NOOP
-    if result.snapshot_ids:
-        return PARTIAL if result.failures else SUCCEEDED
+    if result.snapshot_ids:  # partial too when it found unreadable files (and committed around)
+        return PARTIAL if result.failures or result.skipped_files else SUCCEEDED
     if result.errors:
         return FAILED
     if result.failures:

@@ -10,13 +10,19 @@ property, as an unknown key of a job file is.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 from compactor.daemon.jobfiles import Schedule
 from compactor.errors import ConfigError
-from compactor.options.table_properties import OPERATOR_OPTIONS, action_properties, property_key
+from compactor.options.table_properties import (
+    OPERATOR_OPTIONS,
+    action_properties,
+    enabled_setting,
+    label_sources,
+    property_key,
+)
 
 Section = TypeVar("Section", bound=BaseModel)
 
@@ -47,3 +53,21 @@ def for_table(section: Section, table: str, properties: Mapping[str, str], actio
         message = error["msg"].removeprefix("Value error, ")
         key = property_key(spelled, name if name in found else next(iter(found)))
         raise ConfigError(f"table {table}: property {key}: {message}") from None
+
+
+def table_settings(
+    section: BaseModel, table: str, properties: Mapping[str, str], action: str
+) -> dict[str, tuple[Any, str]]:
+    """Every setting of a job file's ``section`` (its schedule aside) as it applies to the
+    table, with where it came from (:func:`~compactor.options.table_properties.label_sources`:
+    the table's property, the job file or the default), and ``enabled``: whether the table's
+    properties let the action run."""
+    spelled = property_action(action)
+    effective = for_table(section, table, properties, action)
+    values = {
+        name: getattr(effective, name)
+        for name in type(section).model_fields
+        if name not in Schedule.model_fields
+    }
+    labelled = label_sources(values, properties, spelled, job_file=section.model_fields_set)
+    return {**labelled, "enabled": enabled_setting(table, properties, spelled)}

@@ -21,9 +21,11 @@ from typing import Any
 
 from pyiceberg.expressions import BooleanExpression
 from pyiceberg.table import Table
+from pyiceberg.table.refs import MAIN_BRANCH
 
 from compactor.commit.equality_commit import commit_equality_conversion
 from compactor.commit.run_scope import RunScope
+from compactor.options.defaults import DEFAULT_MEMORY_LIMIT
 from compactor.planning.equality_groups import EqualityPlan, plan_equality_conversion
 from compactor.rewrite.equality_conversion import ConvertedGroup, convert_equality_group
 
@@ -102,11 +104,11 @@ class EqualityConversionResult:
 
 
 def plan_conversion(
-    table: Table, identifier: str, row_filter: BooleanExpression
+    table: Table, identifier: str, row_filter: BooleanExpression, branch: str = MAIN_BRANCH
 ) -> EqualityConversionResult:
-    """What a conversion would do: the plan, nothing read or written."""
+    """What a conversion of ``branch``'s head would do: the plan, nothing read or written."""
     started = time.monotonic()
-    plan = plan_equality_conversion(table, identifier, row_filter)
+    plan = plan_equality_conversion(table, identifier, row_filter, branch)
     return EqualityConversionResult(
         dry_run=True,
         plan=plan,
@@ -121,18 +123,21 @@ def convert_equality_deletes(
     row_filter: BooleanExpression,
     target_file_size: int,
     scope: RunScope,
+    branch: str = MAIN_BRANCH,
+    memory_limit: int = DEFAULT_MEMORY_LIMIT,
 ) -> EqualityConversionResult:
-    """Convert the equality deletes of the partitions ``row_filter`` may touch, committing one
-    snapshot on main for run ``scope`` (whose clean-up deletes the outputs of refused groups)."""
+    """Convert the equality deletes of the partitions ``row_filter`` may touch at the head of
+    ``branch``, committing one snapshot on it for run ``scope`` (whose clean-up deletes the
+    outputs of refused groups), holding about ``memory_limit`` bytes at most."""
     started = time.monotonic()
-    plan = plan_equality_conversion(table, identifier, row_filter)
+    plan = plan_equality_conversion(table, identifier, row_filter, branch)
     result = EqualityConversionResult(dry_run=False, plan=plan)
     if not plan.groups and not plan.global_deletes:
         result.duration_s = time.monotonic() - started
         return result
     scope.start_writing()
     result.groups = [
-        convert_equality_group(table, g, plan.live, target_file_size, scope.run_id)
+        convert_equality_group(table, g, plan.live, target_file_size, scope.run_id, memory_limit)
         for g in plan.groups
     ]
     converted = [g for g in result.groups if g.skipped is None]

@@ -9,7 +9,7 @@ snapshot); then, on format 2, Iceberg Java's
 ``rewrite_position_delete_files`` with remove-dangling-deletes, composed of the same stages as
 a compaction run (:mod:`compactor.compaction`):
 :func:`~compactor.planning.delete_groups.plan_delete_rewrite`
-groups the current snapshot's position delete files by (spec id, partition),
+groups the position delete files of the branch's head by (spec id, partition),
 :func:`~compactor.rewrite.position_deletes.rewrite_delete_group` keeps each group's rows that
 still apply to a live data file and writes them into new files (``compactor-<run id>-...``,
 rolling at the target size), and :func:`~compactor.commit.delete_commit.commit_delete_rewrite`
@@ -28,6 +28,8 @@ from typing import Any
 
 from pyiceberg.expressions import BooleanExpression
 from pyiceberg.table import Table
+from pyiceberg.table.refs import MAIN_BRANCH
+from pyiceberg.table.snapshots import Snapshot
 
 from compactor.commit.committer import with_outcome
 from compactor.commit.delete_commit import DeleteCommitOutcome, commit_delete_rewrite
@@ -36,6 +38,7 @@ from compactor.commit.run_scope import RunScope, new_run_id
 from compactor.errors import UnsupportedTableError
 from compactor.maintain import delete_conversion
 from compactor.maintain.delete_conversion import EqualityConversionResult
+from compactor.options.compact import parse_memory_limit
 from compactor.options.defaults import DEFAULT_LEASE_TTL_S
 from compactor.options.maintenance import delete_target_file_size
 from compactor.planning.delete_groups import (
@@ -44,7 +47,7 @@ from compactor.planning.delete_groups import (
     count_delete_files,
     plan_delete_rewrite,
 )
-from compactor.planning.planner import parse_where
+from compactor.planning.planner import branch_head, parse_where
 from compactor.rewrite.position_deletes import (
     OTHER_PARTITION,
     SHARED_PATH,
@@ -54,6 +57,7 @@ from compactor.rewrite.position_deletes import (
 
 __all__ = [
     "ACTION",
+    "CONVERTED",
     "OTHER_PARTITION",
     "SHARED_PATH",
     "SINGLE_FILE",
@@ -63,6 +67,9 @@ __all__ = [
 ]
 
 ACTION = "rewrite-position-deletes"
+# Why a partition's position deletes are left alone: they are the files the conversion just
+# wrote (sorted, unique, naming live data files only, rolled at the target size already).
+CONVERTED = "position_deletes_the_conversion_just_wrote"
 
 
 @dataclass
@@ -170,8 +177,11 @@ def rewrite_position_deletes(
     lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
     run_id: str | None = None,
     convert_equality_deletes: bool = True,
+    branch: str = MAIN_BRANCH,
+    memory_limit: int | str | None = None,
 ) -> DeleteRewriteResult:
-    """Rewrite the delete files of ``table``'s current snapshot, partition by partition.
+    """Rewrite the delete files of the head of ``table``'s ``branch``, partition by partition,
+    committing to that branch (other branches, tags and main stay as they are).
 
     With ``convert_equality_deletes``, equality deletes are first converted into position
     deletes (one snapshot, ``result.equality_conversion``), reading only the key columns of the
@@ -179,12 +189,14 @@ def rewrite_position_deletes(
     rewritten (one more snapshot).
 
     ``target_file_size`` (default: the table's ``write.delete.target-file-size-bytes``, else
-    64 MiB) is where a new delete file rolls over; ``where`` limits the rewrite to the
+    64 MiB) is where a new delete file rolls over; ``memory_limit`` (default 384 MiB) bounds
+    what the conversion holds at once; ``where`` limits the rewrite to the
     partitions a row filter may touch (partition values only: a delete file is never split).
     ``dry_run`` reads the position delete files and plans the conversion, writing nothing.
 
     On format version 3 the equality deletes become deletion vectors and deletion vectors are
-    not compacted. Raises :class:`UnsupportedTableError` for a format-3 table without equality
+    not compacted. Raises :class:`UsageError` when ``branch`` is not a branch of the table,
+    :class:`UnsupportedTableError` for a format-3 table without equality
     deletes to convert (or with ``convert_equality_deletes`` off),
     :class:`CommitStateUnknownError` when the catalog cannot tell whether the commit landed
     (every file is kept for the next run), :class:`DataFileError` for an unreadable delete file.
@@ -194,7 +206,8 @@ def rewrite_position_deletes(
     started = time.monotonic()
     metadata = table.metadata
     deletion_vectors = metadata.format_version > 2
-    if deletion_vectors and not (convert_equality_deletes and _has_equality_deletes(table)):
+    head = branch_head(table, identifier, branch)
+    if deletion_vectors and not (convert_equality_deletes and _has_equality_deletes(table, head)):
         raise UnsupportedTableError(
             f"table {identifier}: format version {metadata.format_version} keeps position "
             "deletes as deletion vectors (one per data file), which rewrite-deletes does not "
@@ -202,15 +215,16 @@ def rewrite_position_deletes(
             "(rewrite-deletes only converts equality deletes there, and the table has none)"
         )
     target = delete_target_file_size(table.metadata.properties, target_file_size)
+    limit = parse_memory_limit(memory_limit)
     row_filter = parse_where(table, where)
     run_id = run_id or new_run_id()
     if dry_run:
         conversion = (
-            delete_conversion.plan_conversion(table, identifier, row_filter)
+            delete_conversion.plan_conversion(table, identifier, row_filter, branch)
             if convert_equality_deletes
             else None
         )
-        plan = _position_plan(table, row_filter, deletion_vectors)
+        plan = _position_plan(table, identifier, row_filter, deletion_vectors, branch)
         rewritten = [
             rewrite_delete_group(table, identifier, group, plan.live, target, None)
             for group in plan.groups
@@ -228,12 +242,16 @@ def rewrite_position_deletes(
             conversion = None
             if convert_equality_deletes:
                 conversion = delete_conversion.convert_equality_deletes(
-                    table, identifier, row_filter, target, scope
+                    table, identifier, row_filter, target, scope, branch, limit
                 )
-            plan = _position_plan(table, row_filter, deletion_vectors)  # after the conversion
+            # After the conversion.
+            plan = _position_plan(table, identifier, row_filter, deletion_vectors, branch)
             scope.start_writing()
+            converted = _written_by(conversion)
             rewritten = [
-                rewrite_delete_group(table, identifier, group, plan.live, target, run_id)
+                RewrittenDeleteGroup.of(group, skipped=CONVERTED)
+                if group.paths <= converted
+                else rewrite_delete_group(table, identifier, group, plan.live, target, run_id)
                 for group in plan.groups
             ]
             groups = [g for g in rewritten if g.skipped is None]
@@ -248,9 +266,14 @@ def rewrite_position_deletes(
                         groups,
                         scope.snapshot_properties(ACTION),
                         journal=scope.journal,
+                        branch=branch,
                     )
                     scope.keep(d.file_path for g in outcome.committed for d in g.outputs)
-            after = count_delete_files(table) if outcome is not None else dict(plan.delete_files)
+            after = (
+                count_delete_files(table, table.metadata.snapshot_by_name(branch))
+                if outcome is not None
+                else dict(plan.delete_files)
+            )
     except LeaseHeldError as exc:  # nothing done: say why, as `compactor run` does
         return DeleteRewriteResult(
             identifier,
@@ -277,28 +300,40 @@ def rewrite_position_deletes(
     return result
 
 
-def _has_equality_deletes(table: Table) -> bool:
-    """Whether the current snapshot has equality deletes: by its summary's total when it has
-    one (no manifest read), else by its delete manifests."""
-    snapshot = table.current_snapshot()
+def _written_by(conversion: EqualityConversionResult | None) -> set[str]:
+    """The position delete files ``conversion`` committed (paths)."""
+    if conversion is None or conversion.snapshot_id is None:
+        return set()
+    return {d.file_path for g in conversion.committed for d in g.output_files}
+
+
+def _has_equality_deletes(table: Table, snapshot: Snapshot | None) -> bool:
+    """Whether ``snapshot`` (a branch head) has equality deletes: by its summary's total when it
+    has one (no manifest read), else by its delete manifests."""
     if snapshot is None:
         return False
     total = snapshot.summary.get("total-equality-deletes") if snapshot.summary else None
     if total is not None:
         return int(total) > 0
-    return count_delete_files(table)["equality"] > 0
+    return count_delete_files(table, snapshot)["equality"] > 0
 
 
 def _position_plan(
-    table: Table, row_filter: BooleanExpression, deletion_vectors: bool
+    table: Table,
+    identifier: str,
+    row_filter: BooleanExpression,
+    deletion_vectors: bool,
+    branch: str,
 ) -> DeletePlan:
-    """The position deletes to rewrite; none where they are deletion vectors (format 3)."""
+    """The position deletes of ``branch``'s head to rewrite; none where they are deletion
+    vectors (format 3)."""
     if not deletion_vectors:
-        return plan_delete_rewrite(table, row_filter)
-    snapshot = table.current_snapshot()
+        return plan_delete_rewrite(table, identifier, row_filter, branch)
+    snapshot = branch_head(table, identifier, branch)
     return DeletePlan(
         snapshot_id=snapshot.snapshot_id if snapshot else None,
-        delete_files=count_delete_files(table),
+        branch=branch,
+        delete_files=count_delete_files(table, snapshot),
     )
 
 

@@ -11,6 +11,7 @@ cleans up after an abandoned one. Paths are compared as location keys (``s3a``/`
 table's location and anything under another table's location (:mod:`compactor.maintain.guards`) are
 refused; so are tables with ``gc.enabled=false``. The intent files of a run that has a record
 (``metadata/compactor-intent-<run id>-*``) and the files they list are kept like the record's.
+So is the table's quarantine (``metadata/compactor-quarantine.json``, :mod:`compactor.quarantine`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from compactor.maintain.guards import (
     tables_in_listing,
 )
 from compactor.options.defaults import DEFAULT_ORPHAN_AGE, MIN_ORPHAN_AGE_MS
+from compactor.quarantine import quarantine_path
 from compactor.storage.deleter import OpenUpload, abort_uploads, list_open_uploads
 from compactor.storage.listing import StoredFile, list_files
 from compactor.storage.paths import UnsafePathError, is_within, location_key
@@ -47,10 +49,12 @@ ORPHAN_METADATA = "metadata_files"
 
 
 def _protected_metadata(table: Table) -> set[str]:
-    """Metadata the table uses that no snapshot lists: table metadata files and run records."""
+    """Metadata the table uses that no snapshot lists: table metadata files, run records and
+    the quarantine."""
     location = table.metadata.location.rstrip("/")
     paths = {table.metadata_location, *(e.metadata_file for e in table.metadata.metadata_log)}
     paths |= {f"{location}/metadata/{name}" for name in RECORD_SLOTS}
+    paths.add(quarantine_path(table))
     paths.add(f"{location}/metadata/version-hint.text")
     return {location_key(p) for p in paths}
 

@@ -37,6 +37,8 @@ from compactor.options.defaults import (
     MIN_SHARE,
     MIN_TARGET_FILE_SIZE,
     MIN_WORKER_MEMORY,
+    PLANNED_FILE_BYTES,
+    PLANNING_MEMORY_SHARE,
     PROCESS_ALLOWANCE,
     WORKER_OVERHEAD,
     Executor,
@@ -152,7 +154,8 @@ class CompactOptions(BaseModel):
         description="Resident memory this run aims to stay under, e.g. 1GiB (default 384MiB, "
         "at least 304MiB). It sets the buffers of each worker and, without --parallelism, how "
         "many run at once: one per 144MiB past 160MiB (two from 448MiB). With --executor ray: "
-        "per Ray worker process.",
+        "per Ray worker process. Planning keeps as many candidate files as half of it past "
+        "160MiB holds at 900 bytes each (130,489 at 384MiB); the others wait for the next run.",
     )
     min_file_size: Size | None = Field(
         None,
@@ -283,6 +286,9 @@ class PlanOptions:
     output_spec_id: int | None = None
     # While fewer groups are planned, the largest is cut in two: the groups rewritten at once.
     min_groups: int = 1
+    # Candidate files planning keeps (planning_budget of the memory limit); those found past
+    # it are left for the next run. None: no bound.
+    max_candidate_files: int | None = None
 
     @property
     def min_file_size(self) -> int:
@@ -424,6 +430,26 @@ def _file_size_bounds(given: CompactOptions, target: int) -> tuple[int | None, i
     return low, high
 
 
+def parse_memory_limit(given: int | str | None) -> int:
+    """The ``memory_limit`` option in bytes: as given (at least the minimum), else the default."""
+    if given is None:
+        return DEFAULT_MEMORY_LIMIT
+    limit = parse_size(given)
+    if limit < MIN_MEMORY_LIMIT:
+        raise UsageError(
+            f"memory_limit: {format_size(limit)} is below the minimum "
+            f"{format_size(MIN_MEMORY_LIMIT)}",
+            "memory_limit",
+        )
+    return limit
+
+
+def planning_budget(memory_limit: int) -> int:
+    """Candidate files a run under ``memory_limit`` keeps while planning: PLANNED_FILE_BYTES
+    each in PLANNING_MEMORY_SHARE of the limit past the process allowance."""
+    return int((memory_limit - PROCESS_ALLOWANCE) * PLANNING_MEMORY_SHARE) // PLANNED_FILE_BYTES
+
+
 def resolve_options(table: str, table_properties: dict[str, str], **options: Any) -> RewriteOptions:
     """Combine options (see :class:`CompactOptions`) with the table's properties into RewriteOptions.
 
@@ -440,15 +466,7 @@ def resolve_options(table: str, table_properties: dict[str, str], **options: Any
         raise UsageError(
             f"max_group_size: {format_size(group)} is below the target file size", "max_group_size"
         )
-    limit = DEFAULT_MEMORY_LIMIT
-    if given.memory_limit is not None:
-        limit = parse_size(given.memory_limit)
-        if limit < MIN_MEMORY_LIMIT:
-            raise UsageError(
-                f"memory_limit: {format_size(limit)} is below the minimum "
-                f"{format_size(MIN_MEMORY_LIMIT)}",
-                "memory_limit",
-            )
+    limit = parse_memory_limit(given.memory_limit)
     # Threads default to this process's cores, fewer if the memory limit allows no more; a
     # Ray cluster schedules by its own resources, one task per worker process (the limit is
     # then per process). More threads than the limit allows get the minimum share each.
@@ -480,6 +498,7 @@ def resolve_options(table: str, table_properties: dict[str, str], **options: Any
             branch=given.branch,
             output_spec_id=given.output_spec_id,
             min_groups=workers or 1,
+            max_candidate_files=planning_budget(limit),
         ),
         execution=ExecutionOptions(
             parallelism=workers,

@@ -56,6 +56,12 @@ MIN_SHARE = 16 * MiB
 # The least one worker gets; fewer workers run when the limit allows no more.
 MIN_WORKER_MEMORY = WORKER_OVERHEAD + 3 * MIN_SHARE
 MIN_MEMORY_LIMIT = PROCESS_ALLOWANCE + MIN_WORKER_MEMORY
+# Planning runs before any worker: the candidate files it keeps may take this share of the
+# limit past the process allowance, at PLANNED_FILE_BYTES each (measured on 100,000 files of
+# store_sales: about 350 bytes as planning keeps a candidate, 500 more for its input in the
+# run's task; see docs/benchmarks.md). Candidates past that budget wait for the next run.
+PLANNING_MEMORY_SHARE = 0.5
+PLANNED_FILE_BYTES = 900
 # Decoded input bytes each worker may hold ahead of the writer, when no limit is computed.
 DEFAULT_READ_AHEAD = 64 * MiB
 # Files at least this large are streamed batch by batch instead of being read ahead whole.

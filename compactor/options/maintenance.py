@@ -13,11 +13,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from compactor.errors import UsageError
 from compactor.options.defaults import (
+    DEFAULT_BRANCH,
     DEFAULT_DELETE_TARGET_FILE_SIZE,
     DEFAULT_ORPHAN_AGE,
     DEFAULT_TARGET_MANIFEST_SIZE,
 )
-from compactor.options.fields import Cutoff, Filter, Flag, Size
+from compactor.options.fields import BranchName, Cutoff, Filter, Flag, Size
 from compactor.sizes import parse_size
 
 DELETE_TARGET_FILE_SIZE_PROPERTY = "write.delete.target-file-size-bytes"
@@ -81,6 +82,17 @@ class RewriteDeletesOptions(_Options):
         description="First convert equality deletes into position deletes, reading only the "
         "key columns of the data files they apply to (no data file is rewritten). "
         "--no-convert-equality-deletes leaves them as they are.",
+    )
+    branch: BranchName = Field(
+        DEFAULT_BRANCH,
+        description="Rewrite the delete files of this branch of the table: plan from its head "
+        "and commit to it; other branches and main stay as they are.",
+    )
+    memory_limit: Size | None = Field(
+        None,
+        description="Resident memory the conversion of equality deletes aims to stay under, "
+        "as compactor run's (default 384MiB, at least 304MiB): it bounds the key columns read "
+        "at once and the positions held before they are written.",
     )
 
 

@@ -30,6 +30,8 @@ ACTIONS = ("compact", "expire", "orphans", "rewrite-deletes", "rewrite-manifests
 # Options of a run's resources, which stay the operator's to set.
 OPERATOR_OPTIONS = frozenset({"executor", "ray_address", "parallelism", "memory_limit"})
 FALSE, TRUE = frozenset({"false", "off", "no", "0"}), frozenset({"true", "on", "yes", "1"})
+# Where a setting came from, highest first (a table property's source names the property).
+FLAG, TABLE_PROPERTY, JOB_FILE, DEFAULT = "flag", "table property", "job file", "default"
 
 
 class TableDisabledError(CompactorError):
@@ -49,12 +51,27 @@ def _switch(table: str, properties: Mapping[str, str], key: str) -> bool:
     raise ConfigError(f"table {table}: property {key}={properties[key]!r} is not true or false")
 
 
+def _switches(action: str) -> tuple[str, str]:
+    """The properties that pause ``action``: every action's, then its own."""
+    return f"{PREFIX}enabled", f"{PREFIX}{action}.enabled"
+
+
 def paused_by(table: str, properties: Mapping[str, str], action: str) -> str | None:
     """The property (``key=false``) that pauses ``action`` on the table, or None."""
-    for key in (f"{PREFIX}enabled", f"{PREFIX}{action}.enabled"):
+    for key in _switches(action):
         if not _switch(table, properties, key):
             return f"{key}={properties[key]}"
     return None
+
+
+def enabled_setting(table: str, properties: Mapping[str, str], action: str) -> tuple[bool, str]:
+    """Whether the table's properties let ``action`` run, and where that came from: the property
+    that pauses it, else the most specific one set, else the default."""
+    paused = paused_by(table, properties, action)
+    if paused is not None:
+        return False, f"{TABLE_PROPERTY} {paused.partition('=')[0]}"
+    set_keys = [key for key in _switches(action) if key in properties]
+    return True, f"{TABLE_PROPERTY} {set_keys[-1]}" if set_keys else DEFAULT
 
 
 def check_enabled(table: str, properties: Mapping[str, str], action: str) -> None:
@@ -114,13 +131,42 @@ def setting_sources(
     given: Mapping[str, Any],
 ) -> dict[str, tuple[Any, str]]:
     """The options of ``action`` not left at their default, each with its value and where it
-    came from: ``flag`` (or keyword) or ``table property <key>``, the first winning."""
-    found = {
-        name: (value, f"table property {property_key(action, name)}")
-        for name, value in property_options(table, properties, action, model).items()
-    }
-    found |= {name: (value, "flag") for name, value in given.items()}
-    return found
+    came from (:func:`label_sources`)."""
+    values = {**property_options(table, properties, action, model), **given}
+    return label_sources(values, properties, action, flags=given)
+
+
+def label_sources(
+    values: Mapping[str, Any],
+    properties: Mapping[str, str],
+    action: str,
+    *,
+    flags: Collection[str] = (),
+    job_file: Collection[str] = (),
+) -> dict[str, tuple[Any, str]]:
+    """``values`` (settings of ``action`` by option name), each with where it came from, the
+    first that applies: ``flag`` (or keyword) for ``flags``, ``table property <key>`` for the
+    table's ``compactor.<action>.*`` properties, ``job file`` for ``job_file``, else
+    ``default``."""
+    set_by_table = action_properties(properties, action)
+
+    def source(name: str) -> str:
+        if name in flags:
+            return FLAG
+        if name in set_by_table:
+            return f"{TABLE_PROPERTY} {property_key(action, name)}"
+        return JOB_FILE if name in job_file else DEFAULT
+
+    return {name: (value, source(name)) for name, value in values.items()}
+
+
+def settings_list(settings: Mapping[str, tuple[Any, str]]) -> list[dict[str, Any]]:
+    """Settings with their sources as ``--json`` lists them: ``option``, ``value`` (a string,
+    null when unset), ``source``; by option."""
+    return [
+        {"option": name, "value": None if value is None else str(value), "source": source}
+        for name, (value, source) in sorted(settings.items())
+    ]
 
 
 def paused_actions(table: str, properties: Mapping[str, str]) -> list[str]:

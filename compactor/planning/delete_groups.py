@@ -1,6 +1,6 @@
-"""Plan a position-delete rewrite: the current snapshot's position delete files by partition.
+"""Plan a position-delete rewrite: a branch head's position delete files by partition.
 
-:func:`plan_delete_rewrite` reads the snapshot's manifests once and returns a
+:func:`plan_delete_rewrite` reads the head's manifests once and returns a
 :class:`DeletePlan`: one :class:`DeleteGroup` per (spec id, partition) holding Parquet position
 delete files (deletion vectors are never grouped) that a row filter may touch, and the live data
 files, which the rewrite needs to tell the rows that still apply from the dangling ones.
@@ -25,12 +25,14 @@ from pyiceberg.manifest import (
     ManifestEntry,
 )
 from pyiceberg.table import Table
+from pyiceberg.table.refs import MAIN_BRANCH
+from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.typedef import Record
 
 from compactor.iceberg.pyiceberg_compat import FilePruner, snapshot_manifests
 from compactor.iceberg.value_keys import PartitionKey, partition_key
 from compactor.planning.health import delete_file_kinds
-from compactor.planning.planner import partition_path, read_manifests
+from compactor.planning.planner import branch_head, partition_path, read_manifests
 
 # Live data files by path: (data sequence number, spec id, partition) of each.
 LiveData = Mapping[str, list[tuple[int, int, Record]]]
@@ -123,9 +125,10 @@ class RewrittenDeleteGroup(DeleteGroup):
 
 @dataclass(frozen=True)
 class DeletePlan:
-    """What a delete rewrite starts from: one snapshot, its groups, and its live data files."""
+    """What a delete rewrite starts from: a branch head, its groups, and its live data files."""
 
     snapshot_id: int | None = None
+    branch: str = MAIN_BRANCH
     start_manifests: frozenset[str] = frozenset()
     live: LiveData = field(default_factory=dict)
     groups: tuple[DeleteGroup, ...] = ()
@@ -133,12 +136,14 @@ class DeletePlan:
     delete_files: Mapping[str, int] = field(default_factory=dict)
 
 
-def plan_delete_rewrite(table: Table, row_filter: BooleanExpression) -> DeletePlan:
-    """The current snapshot's Parquet position delete files by (spec, partition), the partitions
-    ``row_filter`` may touch only; groups with the most files first."""
-    snapshot = table.current_snapshot()
+def plan_delete_rewrite(
+    table: Table, identifier: str, row_filter: BooleanExpression, branch: str = MAIN_BRANCH
+) -> DeletePlan:
+    """The Parquet position delete files of ``branch``'s head by (spec, partition), the
+    partitions ``row_filter`` may touch only; groups with the most files first."""
+    snapshot = branch_head(table, identifier, branch)
     if snapshot is None:
-        return DeletePlan()
+        return DeletePlan(branch=branch)
     metadata = table.metadata
     manifests = snapshot_manifests(table.io, snapshot, metadata.format_version)
     pruner = FilePruner(metadata, row_filter)
@@ -175,6 +180,7 @@ def plan_delete_rewrite(table: Table, row_filter: BooleanExpression) -> DeletePl
     groups.sort(key=lambda g: (-len(g.entries), g.spec_id, g.partition_path))
     return DeletePlan(
         snapshot_id=snapshot.snapshot_id,
+        branch=branch,
         start_manifests=frozenset(m.manifest_path for m in manifests),
         live=live,
         groups=tuple(replace(g, group_id=n) for n, g in enumerate(groups)),
@@ -182,9 +188,8 @@ def plan_delete_rewrite(table: Table, row_filter: BooleanExpression) -> DeletePl
     )
 
 
-def count_delete_files(table: Table) -> dict[str, int]:
-    """The live delete files of ``table``'s current snapshot by kind."""
-    snapshot = table.current_snapshot()
+def count_delete_files(table: Table, snapshot: Snapshot | None) -> dict[str, int]:
+    """The live delete files of ``snapshot`` (none: no snapshot) by kind."""
     if snapshot is None:
         return delete_file_kinds([])
     manifests = snapshot_manifests(table.io, snapshot, table.metadata.format_version)

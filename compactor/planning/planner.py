@@ -7,12 +7,16 @@ which data files each delete file applies to). What leaves the driver are
 :class:`compactor.planning.tasks.RewriteTask` objects made from its groups.
 
 Data manifests are read without column metrics (:mod:`compactor.iceberg.manifest_decoder`) a
-few at a time, and each candidate is kept as a :class:`PlannedFile`: a million fit in about
-350 MB. The commit reads the full entries again, from the manifests that hold rewritten files.
+few at a time, and each candidate is kept as a :class:`PlannedFile`, about 350 bytes. A run
+keeps at most ``max_candidate_files`` of them (from its memory limit): the candidates found
+past that are counted in :attr:`Plan.deferred_files` and left for the next run, while the rest
+of the manifests is still read for the delete files' targets. The commit reads the full
+entries again, from the manifests that hold rewritten files.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import defaultdict
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
@@ -61,6 +65,8 @@ from compactor.iceberg.pyiceberg_compat import (
 from compactor.iceberg.value_keys import PartitionKey, partition_key
 from compactor.options.compact import PlanOptions
 from compactor.planning.sort_order import Clustering, resolve_clustering
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,6 +292,8 @@ class Plan:
     # Data sequence number of every equality delete an input has, by path (tasks carry them).
     equality_delete_sequence_numbers: dict[str, int] = field(default_factory=dict)
     data_files_scanned: int = 0
+    # Candidates found past options.max_candidate_files: left for the next run.
+    deferred_files: int = 0
     skipped: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     # The order each group's rows are written in (strategy sort or zorder); None: bin-pack.
     clustering: Clustering | None = None
@@ -316,6 +324,7 @@ class Plan:
             "strategy": self.options.strategy,
             "order": self.clustering.describe() if self.clustering else None,
             "data_files_scanned": self.data_files_scanned,
+            "deferred_files": self.deferred_files,
             "groups": [g.summary() for g in self.groups],
             "input_files": self.input_files,
             "input_bytes": self.input_bytes,
@@ -400,6 +409,14 @@ def is_unpartitioned(spec: PartitionSpec) -> bool:
     fields were dropped keeps them as ``void``; its equality deletes apply globally.
     """
     return all(isinstance(f.transform, VoidTransform) for f in spec.fields)
+
+
+def _applies_globally(delete_file: DataFile, specs: dict[int, PartitionSpec]) -> bool:
+    """Whether ``delete_file`` is an equality delete of an unpartitioned spec (it applies to
+    every partition)."""
+    if delete_file.content != DataFileContent.EQUALITY_DELETES:
+        return False
+    return is_unpartitioned(specs[delete_file.spec_id])
 
 
 def partition_path(spec: PartitionSpec, schema: Schema, partition: Record) -> str:
@@ -548,12 +565,14 @@ def plan_rewrite(
     identifier: str,
     options: PlanOptions,
     grown_before: Collection[frozenset[str]] = (),
+    exclude: Collection[str] = (),
 ) -> tuple[Plan, CommitContext]:
     """Plan the rewrite of the head of ``table``'s branch (``options.branch``, main by default),
     and the committer's context of that plan, which the driver keeps.
 
     A group whose :attr:`FileGroup.inputs` are in ``grown_before`` (groups whose rewrite grew
     in an earlier run) is left out: rewriting the same files the same way would grow again.
+    Data files in ``exclude``, or with a delete file in it, are left out (quarantined files).
     """
     metadata = table.metadata
     row_filter = parse_where(table, options.where)
@@ -585,9 +604,16 @@ def plan_rewrite(
     context.manifest_live_entries = scan.live_entries
     equality_deletes = EqualityDeleteIndex(metadata.specs(), scan.equality_deletes)
     # A global equality delete applies across partitions: which data files it reaches is known
-    # only when no filter pruned any of them (then it can be retired once they are all rewritten).
+    # only when no filter pruned any of them (then it can be retired once they are all
+    # rewritten). Past max_candidate_files, candidates are left for the next run and planning
+    # goes on as under a filter; besides, only the delete files already met gain targets: one
+    # met first there applies to no kept candidate, so this run cannot retire it.
     filtered = not isinstance(row_filter, AlwaysTrue)
     global_targets_complete = not filtered
+    budget, kept = options.max_candidate_files, 0
+    # Partitions let go of to make room in the budget, and the count kept when that was done.
+    evicted: set[tuple[int, PartitionKey | None]] = set()
+    evicted_at = -(budget or 0)
     top_level = _top_level_ids(metadata.schema())
 
     # (spec id, partition key); (output spec id, None) for files moving into the output spec.
@@ -620,16 +646,17 @@ def plan_rewrite(
             # Overridden position deletes still target the file: they go once it is rewritten.
             for delete_file in [*deletes, *equality, *(legacy if dvs else ())]:
                 delete_key = delete_file_key(delete_file)
-                if delete_file.content == DataFileContent.POSITION_DELETES or (
-                    global_targets_complete or not is_unpartitioned(specs[delete_file.spec_id])
-                ):
+                if not global_targets_complete and _applies_globally(delete_file, specs):
+                    incomplete.add(delete_key)
+                elif not plan.deferred_files or delete_key in delete_targets:
                     delete_targets[delete_key].add(path)
                     delete_by_key[delete_key] = delete_file
-                else:
-                    incomplete.add(delete_key)
             deletes = deletes + equality
             plan.data_files_scanned += 1
             if filtered and not pruner.file_may_match(data_file):
+                continue
+            if exclude and (path in exclude or any(d.file_path in exclude for d in deletes)):
+                plan.skipped["quarantined_files"] += 1
                 continue
             size = data_file.file_size_in_bytes
             wrong_size = size < options.min_file_size or size > options.max_file_size
@@ -650,6 +677,19 @@ def plan_rewrite(
                 if moving and output_spec is not None
                 else (data_file.spec_id, in_partition)
             )
+            if budget is not None and kept >= budget and kept - 1 >= evicted_at + budget // 4:
+                # Full: let go of the partitions that could not make a group worth rewriting,
+                # so that they do not hold the budget run after run (at most one pass for
+                # each quarter of the budget admitted since the last).
+                released = _release_unworthy(candidates, evicted, options)
+                kept -= released
+                plan.deferred_files += released
+                evicted_at = kept
+            if group_key in evicted or (budget is not None and kept >= budget):
+                global_targets_complete = False  # from here on, as under a filter
+                plan.deferred_files += 1
+                continue
+            kept += 1
             candidates[group_key].append(
                 PlannedFile(
                     data_file,
@@ -661,6 +701,14 @@ def plan_rewrite(
                 )
             )
 
+    if plan.deferred_files:
+        log.warning(
+            "table %s: planning keeps at most %d candidate files (--memory-limit); the next run "
+            "takes the %d others",
+            identifier,
+            budget,
+            plan.deferred_files,
+        )
     schema = metadata.schema()
     groups: list[FileGroup] = []
     for spec_id, key in list(candidates):
@@ -684,7 +732,7 @@ def plan_rewrite(
                 options.target_file_size,
                 repartition=key is None,
             )
-            reason = _skip_reason(group, options)
+            reason = skip_reason(group, options)
             if reason:
                 plan.skipped[reason] += 1
             else:
@@ -721,6 +769,26 @@ def plan_rewrite(
     return plan, context
 
 
+def _release_unworthy(
+    candidates: dict[tuple[int, PartitionKey | None], list[InputFile]],
+    evicted: set[tuple[int, PartitionKey | None]],
+    options: PlanOptions,
+) -> int:
+    """Drop the partitions whose candidates would not make a group worth rewriting (too few,
+    too small; files moving to the output spec always are), adding them to ``evicted``;
+    returns how many candidates were dropped."""
+    released = 0
+    for key, files in list(candidates.items()):
+        if key[1] is None:
+            continue
+        group = FileGroup(0, key[0], Record(), "", files, options.target_file_size)
+        if skip_reason(group, options) is not None:
+            del candidates[key]
+            evicted.add(key)
+            released += len(files)
+    return released
+
+
 def _split_for_idle_workers(groups: list[FileGroup], options: PlanOptions) -> list[FileGroup]:
     """Cut large groups in two while workers would otherwise idle.
 
@@ -748,7 +816,7 @@ def _split_for_idle_workers(groups: list[FileGroup], options: PlanOptions) -> li
             replace(group, files=group.files[:cut_at]),
             replace(group, files=group.files[cut_at:]),
         ]
-        if all(h.files and _skip_reason(h, options) is None for h in halves):
+        if all(h.files and skip_reason(h, options) is None for h in halves):
             result.extend(halves)
         else:
             whole_groups.append(group)
@@ -780,7 +848,7 @@ def _within_max_files(groups: list[FileGroup], limit: int, plan: Plan) -> list[F
     return taken
 
 
-def _skip_reason(group: FileGroup, options: PlanOptions) -> str | None:
+def skip_reason(group: FileGroup, options: PlanOptions) -> str | None:
     """Why a group would not help (None when it should be rewritten)."""
     if options.rewrite_all or group.repartition:
         return None

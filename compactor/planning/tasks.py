@@ -176,6 +176,8 @@ class TaskResult:
     rows_deleted: int = 0
     input_bytes: int = 0
     bulk_read_files: int = 0  # inputs read in bulk, not through the Iceberg read path
+    # CPU seconds per phase of the rewrite, when measured (compactor.rewrite.phase_times).
+    phase_times: Mapping[str, float] = field(default_factory=dict)
     # The outputs' partition field types (their spec's), for the JSON form.
     partition_types: Mapping[int, tuple[IcebergType, ...]] = field(default_factory=dict)
 
@@ -190,6 +192,7 @@ class TaskResult:
                 "rows_deleted": self.rows_deleted,
                 "input_bytes": self.input_bytes,
                 "bulk_read_files": self.bulk_read_files,
+                "phase_times": self.phase_times,
                 "partition_types": _types_to_json(self.partition_types),
             }
         )
@@ -206,6 +209,7 @@ class TaskResult:
             rows_deleted=data["rows_deleted"],
             input_bytes=data["input_bytes"],
             bulk_read_files=data["bulk_read_files"],
+            phase_times=data["phase_times"],
             partition_types=_types_from_json(data["partition_types"]),
         )
 

@@ -36,6 +36,7 @@ from compactor.errors import DataFileError, file_error, first_line
 from compactor.iceberg.pyiceberg_compat import VERIFY_PAGE_CHECKSUMS, live_positions
 from compactor.rewrite.file_projection import FIELD_ID as FIELD_ID
 from compactor.rewrite.file_projection import Projection, Resolver, fill
+from compactor.rewrite.phase_times import carried, phase, timed
 
 if TYPE_CHECKING:
     from compactor.planning.planner import TaskInput
@@ -141,21 +142,23 @@ class BulkRead:
         assert isinstance(io, PyArrowFileIO)
         scheme, netloc, path = io.parse_location(f.path, io.properties)
         try:
-            fragment = FORMAT.make_fragment(path, filesystem=io.fs_by_scheme(scheme, netloc))
-            fragment.physical_schema  # noqa: B018 (reads the footer, in the pool's thread)
+            with phase("open_footer"):
+                fragment = FORMAT.make_fragment(path, filesystem=io.fs_by_scheme(scheme, netloc))
+                fragment.physical_schema  # noqa: B018 (reads the footer, in the pool's thread)
         except Exception as exc:
             raise file_error("data", f.path, exc) from exc
         return fragment
 
     def _scannable(self, f: TaskInput, fragment: ds.ParquetFileFragment) -> _Scannable | None:
         """``f`` with how a scan reads it, if a scan can."""
-        projection = self._resolver.projection(fragment.physical_schema, f.data_file.spec_id)
-        if projection is None:
-            return None
-        constants = projection.constants(f.data_file, self._expected)
-        if constants is None:
-            return None
-        return _Scannable(fragment, projection, constants, self._positions.get(f.path))
+        with phase("projection"):
+            projection = self._resolver.projection(fragment.physical_schema, f.data_file.spec_id)
+            if projection is None:
+                return None
+            constants = projection.constants(f.data_file, self._expected)
+            if constants is None:
+                return None
+            return _Scannable(fragment, projection, constants, self._positions.get(f.path))
 
     def items(self) -> Iterator[Item]:
         """The inputs' batches and markers, in plan order.
@@ -165,7 +168,7 @@ class BulkRead:
         The thread waits while the consumer reads a :class:`ReadEach` run, whose reader has a
         read-ahead of its own.
         """
-        return _ahead(self._produce(), self._read_ahead)
+        return _ahead(timed("decode", self._produce()), self._read_ahead)
 
     def _produce(self) -> Iterator[Item]:
         inputs, start = self._inputs, 0
@@ -180,7 +183,7 @@ class BulkRead:
                 if not bulk:
                     yield ReadEach(chunk)
                     continue
-                footers = list(pool.map(self._footer, chunk))
+                footers = list(pool.map(carried(self._footer), chunk))
                 scannable = [self._scannable(f, x) for f, x in zip(chunk, footers, strict=True)]
                 yield from self._runs(chunk, scannable)
 
@@ -318,7 +321,7 @@ def _ahead(items: Iterator[Item], budget: int) -> Iterator[Item]:
                 state["done"] = True
                 changed.notify_all()
 
-    thread = threading.Thread(target=produce, name="compactor-bulk-read", daemon=True)
+    thread = threading.Thread(target=carried(produce), name="compactor-bulk-read", daemon=True)
     thread.start()
     try:
         while True:

@@ -20,17 +20,23 @@ own, which are the ones the equality deletes applied to. Only where a path is li
 once in the partition (a data file added again) does a row take a lower one, so that it does
 not reach the newer entry if that entry keeps the row.
 
-Memory: the applier's keys (as in a rewrite), one batch of key columns per reading thread, and
-the group's matched positions (8 bytes and the path per row) until they are written.
+Memory, held to the run's memory limit past the process's allowance (:class:`Budget`): the
+applier's keys (as in a rewrite, of the order of the deletes' key columns decoded), the key
+columns of as many data files at once as reading threads the limit leaves room for, and the
+matched positions, read in path order and written into a new position delete file whenever
+the rows held reach what the limit leaves (or the target size): a group's matched positions
+are not all held at once. On format 3 a group's matched positions are all held (a data file's
+deletion vector is written once), 8 bytes per row.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections import defaultdict
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, fields, replace
+from itertools import groupby
 from typing import Any
 
 import numpy as np
@@ -50,6 +56,7 @@ from compactor.iceberg.pyiceberg_compat import (
     referenced_data_file,
 )
 from compactor.iceberg.value_keys import same_partition
+from compactor.options.defaults import DEFAULT_MEMORY_LIMIT, PROCESS_ALLOWANCE
 from compactor.planning.delete_groups import LiveData
 from compactor.planning.equality_groups import EqualityGroup
 from compactor.planning.planner import InputFile
@@ -57,14 +64,28 @@ from compactor.rewrite.equality_deletes import EqualityDeleteApplier
 from compactor.rewrite.intent import IntentLog
 from compactor.rewrite.parquet_output import output_location
 from compactor.rewrite.position_deletes import write_position_deletes
+from compactor.sizes import MiB
 
 READ_THREADS = 4
+# Memory, past the process's allowance: a deleted key in the applier's hash tables (22 MB for
+# 288,634 keys of two integer columns, their key columns included); one reading thread (a file's
+# key columns being decoded, Arrow's read-ahead batches); a matched row held until written (its
+# position and sequence number, their copies while written, and twice its path: written out as a
+# string per row, and cast to the file's schema).
+KEY_BYTES = 80
+READER_BYTES = 24 * MiB
+HELD_ROW_BYTES = 48
+MIN_HELD_ROWS = 64 * 1024
 POSITION = "__compactor_position"
 # Why a group is left alone.
 LIVE_TWICE = "a_data_file_live_twice_in_a_format_3_table"
 # Stored bytes per position delete row, until the first row group tells (a path shared by
 # many rows, dictionary-encoded; positions close together).
 BYTES_PER_ROW = 2.0
+
+
+# A path's matched positions (sorted, unique) and the data sequence number of each.
+HeldRows = tuple[str, np.ndarray, np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -116,15 +137,38 @@ class ConvertedGroup(EqualityGroup):
         }
 
 
+@dataclass(frozen=True)
+class Budget:
+    """What a group's conversion holds at once within ``memory_limit``: its deleted keys, the
+    key columns of ``readers`` data files, and ``held_rows`` matched rows before they are
+    written."""
+
+    readers: int
+    held_rows: int
+
+    @classmethod
+    def of(cls, group: EqualityGroup, memory_limit: int) -> Budget:
+        """Half of what the deleted keys leave past the process's allowance for reading (one
+        thread at least), the rest for the matched rows (``MIN_HELD_ROWS`` at least)."""
+        deletes = {d.file_path: d.record_count for f in group.inputs for d in f.delete_files}
+        keys = sum(deletes.values()) * KEY_BYTES
+        spare = max(memory_limit - PROCESS_ALLOWANCE - keys, 0)
+        readers = max(1, min(READ_THREADS, len(group.inputs), spare // 2 // READER_BYTES))
+        longest = max(len(f.path.encode()) for f in group.inputs)
+        held = (spare - readers * READER_BYTES) // (HELD_ROW_BYTES + 2 * longest)
+        return cls(readers, max(MIN_HELD_ROWS, held))
+
+
 def convert_equality_group(
     table: Table,
     group: EqualityGroup,
     live: LiveData,
     target_file_size: int,
     run_id: str | None,
+    memory_limit: int = DEFAULT_MEMORY_LIMIT,
 ) -> ConvertedGroup:
     """Find the rows ``group``'s equality deletes delete and write their positions for run
-    ``run_id`` (None: only find them, write nothing)."""
+    ``run_id`` (None: only find them, write nothing), holding what ``memory_limit`` allows."""
     if not group.inputs:
         return ConvertedGroup.of(group)
     deletion_vectors = table.metadata.format_version >= 3
@@ -133,25 +177,118 @@ def convert_equality_group(
     applier = EqualityDeleteApplier(
         table.io, table.metadata.schema(), group.inputs, group.sequence_numbers
     )
-    with ThreadPoolExecutor(min(READ_THREADS, len(group.inputs))) as pool:
-        matched = list(pool.map(lambda f: _matched_positions(table, applier, f), group.inputs))
+    budget = Budget.of(group, memory_limit)
     if deletion_vectors:
+        matched = [m for _, m in _matched(table, applier, group.inputs, budget.readers)]
         return _write_deletion_vectors(table, group, matched, run_id)
-    rows = _position_rows(group, [m for m, _ in matched], live)
-    converted = _read(
-        group,
-        matched,
-        rows_written=rows.num_rows,
-        target_paths=frozenset(pc.unique(rows.column("file_path")).to_pylist()),
+    return _convert_to_position_deletes(
+        table, group, live, applier, budget, target_file_size, run_id
     )
-    if run_id is None or rows.num_rows == 0:
-        return converted
-    intent = IntentLog(table.io, table.metadata.location, run_id, group.group_id)
-    outputs: list[tuple[DataFile, int | None]] = []
+
+
+def _matched(
+    table: Table, applier: EqualityDeleteApplier, inputs: Sequence[InputFile], readers: int
+) -> Iterator[tuple[InputFile, tuple[pa.Array, int]]]:
+    """Each input with its matched positions and rows read, in order, read by ``readers``
+    threads with at most two files each in flight."""
+    with ThreadPoolExecutor(readers) as pool:
+        pending = iter(inputs)
+        window: deque[tuple[InputFile, Future[tuple[pa.Array, int]]]] = deque()
+
+        def submit() -> None:
+            f = next(pending, None)
+            if f is not None:
+                window.append((f, pool.submit(_matched_positions, table, applier, f)))
+
+        for _ in range(2 * readers):
+            submit()
+        while window:
+            f, future = window.popleft()
+            found = future.result()
+            submit()
+            yield f, found
+
+
+def _convert_to_position_deletes(
+    table: Table,
+    group: EqualityGroup,
+    live: LiveData,
+    applier: EqualityDeleteApplier,
+    budget: Budget,
+    target_file_size: int,
+    run_id: str | None,
+) -> ConvertedGroup:
+    """Format 2: the matched positions, read in path order, written into position delete
+    files of the partition whenever ``budget.held_rows`` are held (and at the end)."""
+    inputs = sorted(group.inputs, key=lambda f: (f.path, f.data_sequence_number))
+    intent = None
+    if run_id is not None:
+        intent = IntentLog(table.io, table.metadata.location, run_id, group.group_id)
     prefix = f"compactor-{run_id}-e{group.group_id:04d}"
+    read = [0, 0]  # rows read, rows matched
+
+    def counted() -> Iterator[tuple[InputFile, pa.Array]]:
+        for f, (positions, rows) in _matched(table, applier, inputs, budget.readers):
+            read[0] += rows
+            read[1] += len(positions)
+            yield f, positions
+
+    held: list[HeldRows] = []
+    outputs: list[tuple[DataFile, int | None]] = []
+    targets: set[str] = set()
+    rows_written = held_rows = 0
+    for rows in _by_path(group, counted(), live):
+        held.append(rows)
+        targets.add(rows[0])
+        rows_written += len(rows[1])
+        held_rows += len(rows[1])
+        if held_rows >= budget.held_rows:
+            if intent is not None:
+                outputs += _write(table, group, held, prefix, intent, target_file_size)
+            held, held_rows = [], 0
+    if held and intent is not None:
+        outputs += _write(table, group, held, prefix, intent, target_file_size)
+    return _read(
+        group,
+        read[0],
+        read[1],
+        rows_written=rows_written,
+        target_paths=frozenset(targets),
+        outputs=tuple(outputs),
+    )
+
+
+def _by_path(
+    group: EqualityGroup, matched: Iterable[tuple[InputFile, pa.Array]], live: LiveData
+) -> Iterator[HeldRows]:
+    """The matched positions of each path (``matched``: each input, in path order, with its
+    matched positions), sorted and unique, with their data sequence numbers; none for a path
+    without one."""
+    for path, entries in groupby(matched, lambda m: m[0].path):
+        found = [(f.data_sequence_number, positions) for f, positions in entries]
+        positions, sequences = _sequence_numbers(
+            group, group.data_sequence_number, path, found, live
+        )
+        if len(positions):
+            yield path, positions, sequences
+
+
+def _write(
+    table: Table,
+    group: EqualityGroup,
+    held: Sequence[HeldRows],
+    prefix: str,
+    intent: IntentLog,
+    target_file_size: int,
+) -> list[tuple[DataFile, int]]:
+    """Write ``held`` (path, positions, sequence numbers; in path order) into position delete
+    files rolling at the target size, one set per data sequence number."""
+    rows = _position_rows(held)
     sequences = rows.column("seq")
-    for sequence in sorted(pc.unique(sequences).to_pylist()):
-        part = rows.filter(pc.equal(sequences, sequence))
+    outputs: list[tuple[DataFile, int]] = []
+    distinct = sorted(pc.unique(sequences).to_pylist())
+    for sequence in distinct:
+        part = rows if len(distinct) == 1 else rows.filter(pc.equal(sequences, sequence))
         written = write_position_deletes(
             table,
             group.spec_id,
@@ -163,7 +300,7 @@ def convert_equality_group(
             BYTES_PER_ROW,
         )
         outputs += [(d, sequence) for d in written]
-    return replace(converted, outputs=tuple(outputs))
+    return outputs
 
 
 def _live_twice(group: EqualityGroup, live: LiveData) -> bool:
@@ -191,16 +328,16 @@ def _file_scoped(delete_file: DataFile, path: str) -> bool:
 
 
 def _read(
-    group: EqualityGroup, matched: Sequence[tuple[pa.Array, int]], **written: Any
+    group: EqualityGroup, rows_read: int, rows_matched: int, **written: Any
 ) -> ConvertedGroup:
-    """``group`` with what reading its data files' keys found (``matched``: each file's deleted
-    positions and rows read) and what is to be ``written``."""
+    """``group`` with what reading its data files' keys found (rows read, and matched) and what
+    is (to be) ``written``."""
     return ConvertedGroup.of(
         group,
         data_files_read=len(group.inputs),
         key_bytes_read=group.key_bytes,
-        rows_read=sum(n for _, n in matched),
-        rows_matched=sum(len(m) for m, _ in matched),
+        rows_read=rows_read,
+        rows_matched=rows_matched,
         **written,
     )
 
@@ -238,7 +375,8 @@ def _write_deletion_vectors(
         merged[f.data_file] = np.unique(np.concatenate(arrays)).tolist()
     converted = _read(
         group,
-        matched,
+        sum(n for _, n in matched),
+        sum(len(m) for m, _ in matched),
         rows_written=sum(len(p) for p in merged.values()),
         target_paths=frozenset(d.file_path for d in merged),
         replaced=tuple(sorted(set(replaced))),
@@ -285,31 +423,17 @@ def _matched_positions(
     return pa.concat_arrays(found) if found else pa.array([], pa.int64()), offset
 
 
-def _position_rows(group: EqualityGroup, matched: Sequence[pa.Array], live: LiveData) -> pa.Table:
-    """``file_path``, ``pos`` and the data sequence number ``seq`` each row is committed with,
-    unique and sorted by path and position."""
-    by_path: dict[str, list[tuple[int, pa.Array]]] = defaultdict(list)
-    for f, positions in zip(group.inputs, matched, strict=True):
-        by_path[f.path].append((f.data_sequence_number, positions))
-    paths: list[str] = []
-    positions_of: list[np.ndarray] = []
-    sequences_of: list[np.ndarray] = []
-    newest = group.data_sequence_number
-    for path in sorted(by_path):
-        positions, sequences = _sequence_numbers(group, newest, path, by_path[path], live)
-        if len(positions):
-            paths.append(path)
-            positions_of.append(positions)
-            sequences_of.append(sequences)
-    counts = [len(p) for p in positions_of]
-    indices = np.repeat(np.arange(len(paths), dtype=np.int32), counts)
-    file_path = pa.DictionaryArray.from_arrays(pa.array(indices, pa.int32()), pa.array(paths))
-    empty = np.array([], np.int64)
+def _position_rows(held: Sequence[HeldRows]) -> pa.Table:
+    """``file_path``, ``pos`` and the data sequence number ``seq`` of each row ``held``."""
+    counts = [len(p) for _, p, _ in held]
+    indices = np.repeat(np.arange(len(held), dtype=np.int32), counts)
+    paths = pa.array([path for path, _, _ in held], pa.string())
+    file_path = pa.DictionaryArray.from_arrays(pa.array(indices, pa.int32()), paths)
     return pa.table(
         {
             "file_path": file_path.cast(pa.string()),
-            "pos": pa.array(np.concatenate(positions_of) if counts else empty),
-            "seq": pa.array(np.concatenate(sequences_of) if counts else empty),
+            "pos": pa.array(np.concatenate([p for _, p, _ in held])),
+            "seq": pa.array(np.concatenate([s for _, _, s in held])),
         }
     )
 

@@ -38,6 +38,7 @@ from compactor.options.defaults import DEFAULT_ROW_GROUP_SIZE
 from compactor.planning.planner import is_unpartitioned
 from compactor.planning.sort_order import SortField
 from compactor.rewrite.bulk_read import FIELD_ID
+from compactor.rewrite.phase_times import phase
 
 # A file is closed once it is this close to the target; the next row group is sized to fill it.
 FILL_RATIO = 0.97
@@ -261,17 +262,21 @@ class RollingParquetWriter:
             size = current.stream.tell()
         finally:
             current.stream.close()
-        data_file = DataFile.from_args(
-            content=DataFileContent.DATA,
-            file_path=current.path,
-            file_format=FileFormat.PARQUET,
-            partition=self.out.partition,
-            file_size_in_bytes=size,
-            sort_order_id=self.out.sort_order_id,
-            equality_ids=None,
-            key_metadata=None,
-            **file_statistics(current.writer.writer.metadata, self._file_schema, self._properties),
-        )
+        with phase("statistics"):
+            statistics = file_statistics(
+                current.writer.writer.metadata, self._file_schema, self._properties
+            )
+            data_file = DataFile.from_args(
+                content=DataFileContent.DATA,
+                file_path=current.path,
+                file_format=FileFormat.PARQUET,
+                partition=self.out.partition,
+                file_size_in_bytes=size,
+                sort_order_id=self.out.sort_order_id,
+                equality_ids=None,
+                key_metadata=None,
+                **statistics,
+            )
         data_file.spec_id = self.out.spec_id
         self.data_files.append(data_file)
 

@@ -34,6 +34,7 @@ from compactor.rewrite.parquet_output import (
     RollingParquetWriter,
     partition_order,
 )
+from compactor.rewrite.phase_times import carried, phase, timed
 from compactor.rewrite.sorting import SortingWriter
 from compactor.storage.deleter import delete_files
 
@@ -147,7 +148,8 @@ class _OrderedReader:
             raise file_error("data", f.path, exc) from exc
 
     def _load(self, f: TaskInput) -> list[pa.RecordBatch]:
-        return list(self._stream(f))
+        with phase("read_each"):
+            return list(self._stream(f))
 
     def batches(
         self, files: Sequence[TaskInput]
@@ -166,11 +168,11 @@ class _OrderedReader:
                         if f.size >= STREAM_FILE_THRESHOLD or 4 * decoded >= self._read_ahead:
                             pending.append((f, None))
                             break
-                        pending.append((f, pool.submit(self._load, f)))
+                        pending.append((f, pool.submit(carried(self._load), f)))
                         in_flight += decoded
                     f, future = pending.popleft()
                     if future is None:
-                        yield f, self._stream(f)
+                        yield f, timed("read_each", self._stream(f))
                     else:
                         in_flight -= f.size * DECODED_PER_STORED
                         yield f, future.result()
@@ -194,7 +196,8 @@ def _read_each(
         rows = 0
         for batch in batches:
             rows += batch.num_rows
-            writer.write(batch)
+            with phase("write"):
+                writer.write(batch)
         deleted = _deleted_count(positions.get(f.path), f.data_file.record_count)
         deleted += reader.equality_deleted.get(f.path, 0)
         if rows + deleted != f.data_file.record_count:
@@ -309,7 +312,8 @@ def rewrite_files(
         for item in bulk.items():
             if isinstance(item, pa.RecordBatch):
                 bulk_rows += item.num_rows
-                sink.write(item)
+                with phase("write"):
+                    sink.write(item)
                 between_files()
             elif isinstance(item, BulkDone):
                 deleted = sum(
@@ -328,7 +332,8 @@ def rewrite_files(
                 read(len(item.files), sum(f.size for f in item.files))
             else:
                 _read_each(reader, item.files, positions, sink, result, between_files, read)
-        result.data_files = sink.close()
+        with phase("write"):
+            result.data_files = sink.close()
         if writer.records_written != result.records_read:
             raise DataFileError(
                 f"{label}: wrote {writer.records_written} rows, read {result.records_read}"

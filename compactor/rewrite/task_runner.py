@@ -27,6 +27,7 @@ from compactor.planning.planner import partition_path
 from compactor.planning.tasks import RewriteTask, TaskResult
 from compactor.rewrite.intent import IntentLog
 from compactor.rewrite.parquet_output import OutputSpec
+from compactor.rewrite.phase_times import PhaseTimes, recording
 from compactor.rewrite.rewriter import rewrite_files
 
 METADATA_CACHE_SIZE = 8
@@ -114,19 +115,21 @@ def run_task(
         sort_order_id=task.clustering.sort_order_id if task.clustering else None,
     )
     intent = IntentLog(io, metadata.location, task.run_id, task.task_id)
-    rewritten = rewrite_files(
-        task.inputs,
-        out,
-        equality_sequence_numbers=task.equality_delete_sequence_numbers,
-        read_ahead=task.read_ahead,
-        label=_label(task, metadata),
-        between_files=check,
-        on_file_created=intent.add,
-        bulk_read=task.bulk_read,
-        clustering=task.clustering,
-        repartition=task.repartition,
-        on_read=on_read,
-    )
+    times = PhaseTimes.if_enabled()
+    with recording(times):
+        rewritten = rewrite_files(
+            task.inputs,
+            out,
+            equality_sequence_numbers=task.equality_delete_sequence_numbers,
+            read_ahead=task.read_ahead,
+            label=_label(task, metadata),
+            between_files=check,
+            on_file_created=intent.add,
+            bulk_read=task.bulk_read,
+            clustering=task.clustering,
+            repartition=task.repartition,
+            on_read=on_read,
+        )
     return TaskResult(
         task_id=task.task_id,
         data_files=rewritten.data_files,
@@ -134,5 +137,6 @@ def run_task(
         rows_deleted=rewritten.rows_deleted,
         input_bytes=task.input_bytes,
         bulk_read_files=rewritten.bulk_read_files,
+        phase_times=times.to_dict() if times else {},
         partition_types={task.spec_id: tuple(task.partition_types[task.spec_id])},
     )

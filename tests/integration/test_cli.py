@@ -30,7 +30,7 @@ from compactor.errors import CommitStateUnknownError
 from compactor.sizes import format_size
 
 from support.catalog_servers import free_port
-from support.cli import assert_one_error_line, compactor, embedded
+from support.cli import assert_one_error_line, compactor, embedded, isolate
 from support.deletes import commit_delete_files, write_position_delete_file
 from support.json_output import assert_documented
 from support.rows import assert_same_rows, scan_rows
@@ -63,12 +63,7 @@ def run_table(
 @pytest.fixture(autouse=True)
 def _isolated_pyiceberg(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """In-process pyiceberg must not read the user's configuration either."""
-    for name in list(os.environ):
-        if name.upper().startswith(("PYICEBERG_", "COMPACTOR_")):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.setenv("PYICEBERG_HOME", str(tmp_path))
-    monkeypatch.setenv("COMPACTOR_HOME", str(tmp_path))
+    isolate(monkeypatch, tmp_path)
 
 
 def make_events_table(home: Path) -> Path:
@@ -292,7 +287,7 @@ def test_unreadable_pyiceberg_yaml_is_one_error_line_naming_the_file(
 
 
 @pytest.mark.parametrize("how", ["missing", "corrupt"])
-def test_an_unreadable_data_file_skips_its_group_with_exit_1_naming_it(
+def test_an_unreadable_data_file_is_quarantined_and_compacted_around_with_exit_0(
     home: Path, how: str
 ) -> None:
     start = load(home)
@@ -304,27 +299,27 @@ def test_an_unreadable_data_file_skips_its_group_with_exit_1_naming_it(
 
     result = run_table(home, *SMALL_TARGET)
 
-    assert result.returncode == 1, result.stderr
+    assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
-    # One log line for the skipped file, then the error line, both naming it and the cause.
-    warning, error = [line for line in result.stderr.splitlines() if str(bad) in line]
+    # One log line naming the file and the cause; the result names it too.
+    (warning,) = [line for line in result.stderr.splitlines() if str(bad) in line]
     assert warning.startswith("WARNING ") and "table db.events: group " in warning
-    assert error == result.stderr.splitlines()[-1]
-    assert error.startswith("error: table db.events: 1 group failed (committed groups stay ")
-    assert f"unreadable file file://{bad}: {how} data file: " in error
+    assert f"unreadable file file://{bad}: {how} data file: " in warning
+    assert warning.endswith("; quarantined, rewriting the group without it")
     assert "committed replace snapshot" in result.stdout
-    reason = error.split("; group ", 1)[1].split(": ", 1)[1]  # the file and the cause
-    assert f"not committed (error): {reason}\n" in result.stdout
+    assert f"  quarantined, left as it is: file://{bad}: {how} data file: " in result.stdout
     after = load(home)
     assert_replace_snapshot(
         after, after.metadata.current_snapshot_id, start.metadata.current_snapshot_id
     )
-    assert bad in dict(data_files(after))  # its group keeps its files; the others are compacted
-    assert len(data_files(after)) < len(data_files(start))
-    inspected = compactor(home, "inspect", "--table", TABLE, "--json")
-    assert json.loads(inspected.stdout)["unreadable_files"] == [f"file://{bad}"]
+    assert bad in dict(data_files(after))  # left as it is; every partition is compacted
+    assert len(data_files(after)) == len(PARTITIONS) + 1
+    inspected = json.loads(compactor(home, "inspect", "--table", TABLE, "--json").stdout)
+    assert inspected["unreadable_files"] == [f"file://{bad}"]
+    assert [f["path"] for f in inspected["quarantined_files"]] == [f"file://{bad}"]
     shown = compactor(home, "inspect", "--table", TABLE).stdout
-    assert f"unreadable file, skipped by the last compaction: file://{bad}" in shown
+    assert "quarantined file, left out of compaction since " in shown
+    assert f"file://{bad}: {how} data file: " in shown
 
 
 # --- catalogs configured the pyiceberg way ---------------------------------------------------
@@ -633,8 +628,9 @@ def test_a_missing_metadata_file_is_one_line_naming_the_table_and_the_file(home:
 def test_a_run_with_a_failed_group_prints_one_json_document_and_exits_1(home: Path) -> None:
     bad, _ = data_files(load(home))[0]
     bad.unlink()
+    bad.mkdir()  # cannot be opened, and not for want of bytes: the group fails
 
-    result = run_table(home, *SMALL_TARGET, "--json")
+    result = run_table(home, *SMALL_TARGET, "--commit-every", "1", "--json")
 
     assert result.returncode == 1, result.stderr
     report = json.loads(result.stdout)  # the run's document alone, naming the failed group

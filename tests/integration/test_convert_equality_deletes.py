@@ -31,7 +31,7 @@ from pyiceberg.table.snapshots import Operation, Summary
 import compactor
 from compactor.commit.inflight import read_record
 from compactor.commit.snapshot_writer import SnapshotWriter
-from compactor.errors import CommitStateUnknownError, UnsupportedTableError
+from compactor.errors import CommitStateUnknownError, UnsupportedTableError, UsageError
 from compactor.iceberg.delete_files import commit_manifests, write_deletion_vectors
 from compactor.iceberg.pyiceberg_compat import (
     delete_file_key,
@@ -40,8 +40,10 @@ from compactor.iceberg.pyiceberg_compat import (
     referenced_data_file,
     snapshot_manifests,
 )
-from compactor.maintain import delete_conversion
+from compactor.maintain import delete_conversion, delete_rewrite
 from compactor.maintain.delete_rewrite import DeleteRewriteResult
+from compactor.rewrite import equality_conversion
+from compactor.rewrite.equality_conversion import Budget
 
 from support.deletes import (
     commit_delete_files,
@@ -66,6 +68,7 @@ from support.tables import (
 # `make test-quick` leaves them out.
 pytestmark = [pytest.mark.usefixtures("java_reader"), pytest.mark.slow]
 
+FILE_PATH_ID = 2147483546
 NAN = "7ff8000000000000"
 NAN_PAYLOAD = "7ff8000000000001"
 NEG_NAN = "fff8000000000000"
@@ -105,10 +108,12 @@ def _delete(columns: list[str], keys: list[list[Any]], row: dict | None = None) 
     return {"op": "delete_equality", "columns": columns, "keys": keys, **scope}
 
 
-def _data_entries(table: Table) -> dict[str, list[int]]:
-    """Live data files: path -> data sequence numbers of its entries."""
+def _data_entries(table: Table, snapshot_id: int | None = None) -> dict[str, list[int]]:
+    """Live data files (of the current snapshot, or ``snapshot_id``): path -> data sequence
+    numbers of its entries."""
+    snapshot = None if snapshot_id is None else table.metadata.snapshot_by_id(snapshot_id)
     found: dict[str, list[int]] = {}
-    for e in live_entries(table):
+    for e in live_entries(table, snapshot):
         if e.data_file.content == DataFileContent.DATA:
             found.setdefault(e.data_file.file_path, []).append(e.sequence_number)
     return {p: sorted(s) for p, s in found.items()}
@@ -407,6 +412,85 @@ def test_other_branches_and_tags_keep_reading_their_deletes(
     assert result.equality_conversion.equality_delete_files_converted == 3
 
 
+def _ref_state(table: Table, ref: str) -> tuple[int, Counter[str], Counter[DataFileContent]]:
+    """The head of ``ref``, the rows Java reads there, and its delete files by kind."""
+    head = table.metadata.snapshot_by_name(ref)
+    assert head is not None
+    rows = java_read(table, [head.snapshot_id]).snapshots[head.snapshot_id].read.rows
+    return (
+        head.snapshot_id,
+        rows,
+        Counter(f.content for f in live_delete_files(table, head).values()),
+    )
+
+
+def test_a_branch_is_converted_and_committed_to_and_main_is_not_touched(
+    catalog: Catalog, tmp_path: Path
+) -> None:
+    history = _history(
+        REGIONS,
+        [
+            _regions("f1", 0),
+            {"op": "delete_positions", "targets": [{"file": "f1", "rows": [3]}], "scope": "file"},
+            {"op": "delete_positions", "targets": [{"file": "f1", "rows": [4]}], "scope": "file"},
+            _delete(["c1"], [[1], [101]], {"c0": "a"}),
+            _delete(["c1"], [[102]], {"c0": "b"}),
+            {"op": "branch", "name": "b"},
+            {"op": "tag", "name": "v1"},
+            _append("f3", [{"c0": "a", "c1": 1}, {"c0": "a", "c1": 2}], branch="b"),
+            _regions("f2", 20),  # main only
+            _delete(["c1"], [[2], [21]], {"c0": "a"}),
+        ],
+        spec=BY_REGION,
+    )
+    table = _java_table(catalog, tmp_path, history)
+    main_head, main_rows, main_kinds = _ref_state(table, "main")
+    branch_head, branch_rows, branch_kinds = _ref_state(table, "b")
+    assert branch_kinds[DataFileContent.EQUALITY_DELETES] == 2
+    assert branch_kinds[DataFileContent.POSITION_DELETES] == 2
+    tag = table.metadata.refs["v1"].snapshot_id
+
+    result = compactor.rewrite_deletes(table, branch="b")
+
+    table = catalog.load_table("db.t")
+    assert result.equality_conversion is not None
+    assert result.equality_conversion.equality_delete_files_converted == 2
+    assert _ref_state(table, "main") == (main_head, main_rows, main_kinds)
+    assert table.metadata.refs["v1"].snapshot_id == tag
+    head, rows, kinds = _ref_state(table, "b")
+    assert head != branch_head and rows == branch_rows
+    # Equality deletes converted, then each partition's position deletes merged into one file.
+    assert kinds == Counter({DataFileContent.POSITION_DELETES: 2})
+    snapshot = table.metadata.snapshot_by_id(head)
+    assert snapshot.summary.operation == Operation.REPLACE
+    assert (
+        table.metadata.snapshot_by_id(snapshot.parent_snapshot_id).summary["compactor.action"]
+        == "convert-equality-deletes"
+    )
+    assert _data_entries(table, head) == _data_entries(table, branch_head)
+    metadata_location = table.metadata_location
+    again = compactor.rewrite_deletes(table, branch="b")
+    assert again.snapshot_id is None and not again.changed
+    assert catalog.load_table("db.t").metadata_location == metadata_location
+
+
+def test_a_missing_branch_or_a_tag_is_refused_and_nothing_is_committed(
+    catalog: Catalog, tmp_path: Path
+) -> None:
+    history = _history(
+        REGIONS,
+        [_regions("f1", 0), _delete(["c1"], [[1]], {"c0": "a"}), {"op": "tag", "name": "v1"}],
+        spec=BY_REGION,
+    )
+    table = _java_table(catalog, tmp_path, history)
+    metadata_location = table.metadata_location
+    with pytest.raises(UsageError, match=r"^table db\.t: no branch 'nope' \(branches: main\)$"):
+        compactor.rewrite_deletes(table, branch="nope")
+    with pytest.raises(UsageError, match=r"^table db\.t: 'v1' is a tag; compactor commits to"):
+        compactor.rewrite_deletes(table, branch="v1", dry_run=True)
+    assert catalog.load_table("db.t").metadata_location == metadata_location
+
+
 def test_where_converts_the_partitions_it_matches_and_leaves_global_deletes(
     catalog: Catalog, tmp_path: Path
 ) -> None:
@@ -689,6 +773,38 @@ def test_position_delete_files_roll_at_the_target_size(catalog: Catalog, tmp_pat
     assert len(group.outputs) >= 2 and group.rows_written == 3000
     assert {seq for _, seq in group.outputs} == {2}
     assert all(d.file_size_in_bytes < 3 * 2048 for d in group.output_files)
+
+
+def test_positions_are_written_as_they_fill_the_memory_limits_share(
+    catalog: Catalog, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    history = _history(
+        REGIONS,
+        [
+            *(_regions(f"f{n}", 10 * n) for n in range(3)),
+            _delete(["c1"], [[1], [12], [13], [24]], {"c0": "a"}),
+        ],
+        spec=BY_REGION,
+    )
+    table = _java_table(catalog, tmp_path, history)
+    before = java_read(table, []).current.rows
+    # Room for one matched row: each data file's are written as soon as they are read.
+    monkeypatch.setattr(equality_conversion.Budget, "of", lambda *_: Budget(1, 1))
+
+    result = compactor.rewrite_deletes(table)
+
+    table = catalog.load_table("db.t")
+    assert java_read(table, []).current.rows == before
+    (group,) = result.equality_conversion.committed
+    assert group.rows_written == 4 and len(group.inputs) == 3
+    files = group.output_files
+    assert sorted(d.record_count for d in files) == [1, 1, 2]
+    paths = {d.lower_bounds[FILE_PATH_ID] for d in files}
+    assert len(paths) == 3  # each names one data file
+    assert all(d.lower_bounds[FILE_PATH_ID] == d.upper_bounds[FILE_PATH_ID] for d in files)
+    # Not read again by the position-delete step: they are what it would write.
+    assert result.files_removed == 0 and result.skipped == {delete_rewrite.CONVERTED: 1}
+    assert set(live_delete_files(table)) == {d.file_path for d in files}
 
 
 # --------------------------------------------------------------------------------------------

@@ -21,9 +21,7 @@ import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField
-from typer.testing import CliRunner
 
-from compactor.cli.app import app
 from compactor.daemon.history import History
 from compactor.daemon.jobfiles import ACTIONS, load_job
 from compactor.errors import ConfigError
@@ -31,7 +29,7 @@ from compactor.iceberg.catalogs import compactor_home
 
 from support import REPOSITORY
 from support.catalog_servers import free_port
-from support.cli import COMPACTOR, assert_one_error_line, cli_env
+from support.cli import COMPACTOR, assert_one_error_line, cli_env, invoke, isolate
 from support.json_output import assert_documented
 
 REPO_JOBS = REPOSITORY / "jobs"
@@ -43,18 +41,8 @@ DAEMON_TIMEOUT_S = 30
 @pytest.fixture(autouse=True)
 def _isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """In-process commands read no user configuration and run in the test's directory."""
-    for name in list(os.environ):
-        if name.upper().startswith(("PYICEBERG_", "COMPACTOR_")):
-            monkeypatch.delenv(name)
-    for name in ("HOME", "PYICEBERG_HOME", "COMPACTOR_HOME"):
-        monkeypatch.setenv(name, str(tmp_path))
+    isolate(monkeypatch, tmp_path)
     monkeypatch.chdir(tmp_path)
-
-
-def invoke(*args: str) -> subprocess.CompletedProcess[str]:
-    """Run the CLI in-process; the result looks like a finished subprocess."""
-    result = CliRunner().invoke(app, list(args))
-    return subprocess.CompletedProcess(list(args), result.exit_code, result.stdout, result.stderr)
 
 
 def expect_refusal(

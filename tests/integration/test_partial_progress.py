@@ -65,11 +65,12 @@ def test_failed_group_fails_alone(catalog: Catalog, events: Table) -> None:
     before = scan_rows(events)
     victim = sorted(p for p in live_data_files(events) if "region=eu" in p)[0]
     victim_partition = victim.rsplit("/", 1)[0]
-    local_path(victim).write_bytes(b"not parquet at all")
+    # A readable file that lost a row its manifest counts (an unreadable one fails no group).
+    pq.write_table(pq.ParquetFile(local_path(victim)).read().slice(1), local_path(victim))
     result, table = run_compaction(catalog, TABLE, commit_every=1, parallelism=1)
     data = result.to_dict()
     assert [f["kind"] for f in data["failed_groups"]] == ["error"]
-    assert victim in data["failed_groups"][0]["reason"]
+    assert "(ts_day=2026-01-01/region=eu)" in data["failed_groups"][0]["reason"]
     assert data["committed_groups"] == 11
     assert len(result.snapshot_ids) == 6  # batches of ceil(12 / 10) = 2 groups
     # The failed group's files are untouched and still live; every other partition compacted.
@@ -86,7 +87,7 @@ def test_failed_group_fails_alone(catalog: Catalog, events: Table) -> None:
 def test_failed_group_without_partial_progress_commits_nothing(
     catalog: Catalog, events: Table, warehouse: Path
 ) -> None:
-    # A readable file that lost a row its manifest counts (an unreadable one is only skipped).
+    # A readable file that lost a row its manifest counts (an unreadable one fails no group).
     victim = local_path(sorted(live_data_files(events))[0])
     pq.write_table(pq.ParquetFile(victim).read().slice(1), victim)
     snapshots = [s.snapshot_id for s in events.metadata.snapshots]

@@ -27,7 +27,7 @@ from pyiceberg.manifest import (
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
-from pyiceberg.table.snapshots import Operation, Summary
+from pyiceberg.table.snapshots import Operation, Snapshot, Summary
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import LongType, NestedField, StringType
 
@@ -38,6 +38,8 @@ from compactor.iceberg.pyiceberg_compat import manifest_writer
 from compactor.maintain import delete_rewrite
 from compactor.maintain.delete_rewrite import rewrite_position_deletes
 
+from support.cli import assert_one_error_line, embedded
+from support.cli import compactor as compactor_cli
 from support.deletes import commit_delete_files, write_position_delete_file
 from support.java_reader import JavaReader, assert_java_reads_same, java_read
 from support.java_writer import read_expected, write_cdc_table
@@ -499,3 +501,56 @@ def test_format_v3_is_refused_and_left_as_it_was(
         rewrite_position_deletes(table, "db.dv")
     assert catalog.load_table("db.dv").metadata_location == metadata_location
     assert read_record(table) is None
+
+
+def _cli_table(home: Path) -> tuple[Table, Snapshot]:
+    """``db.t`` of the embedded catalog at ``home``: two files, each with a position delete
+    file of its own; and its head."""
+    catalog = embedded(home)
+    catalog.create_namespace("db")
+    table = _table(catalog, appends=2)
+    a1, a2 = _files(table, "a")
+    _delete(table, {a1: [1]})
+    _delete(table, {a2: [2]})
+    table.refresh()
+    head = table.current_snapshot()
+    assert head is not None
+    return table, head
+
+
+def test_a_missing_branch_a_tag_or_a_memory_limit_too_low_is_one_error_line(
+    tmp_path: Path,
+) -> None:
+    table, head = _cli_table(tmp_path)
+    table.manage_snapshots().create_tag(head.snapshot_id, "v1").commit()
+    metadata_location = embedded(tmp_path).load_table("db.t").metadata_location
+    command = ("rewrite-deletes", "--table", "db.t")
+
+    assert_one_error_line(
+        compactor_cli(tmp_path, *command, "--branch", "nope"),
+        2,
+        "table db.t: no --branch 'nope' (branches: main)",
+    )
+    assert_one_error_line(
+        compactor_cli(tmp_path, *command, "--branch", "v1", "--json"),
+        2,
+        "table db.t: 'v1' is a tag",
+    )
+    assert_one_error_line(
+        compactor_cli(tmp_path, *command, "--memory-limit", "100MiB"),
+        2,
+        "--memory-limit",
+        "below the minimum",
+    )
+    assert embedded(tmp_path).load_table("db.t").metadata_location == metadata_location
+
+
+def test_a_branch_run_names_its_branch_in_each_line(tmp_path: Path) -> None:
+    table, head = _cli_table(tmp_path)
+    table.manage_snapshots().create_branch(head.snapshot_id, "b").commit()
+
+    ran = compactor_cli(tmp_path, "rewrite-deletes", "--table", "db.t", "--branch", "b")
+
+    assert ran.returncode == 0, ran.stderr
+    assert "db.t (branch b): replaced 2 position delete files with 1;" in ran.stdout
+    assert embedded(tmp_path).load_table("db.t").current_snapshot() == head, "main is untouched"

@@ -1,7 +1,8 @@
-"""A data file that cannot be read (truncated, corrupt, missing) skips its group, not the run.
+"""A data file that cannot be read (truncated, corrupt, missing) fails neither its group nor the run.
 
-The run compacts every other group, commits them, and reports each unreadable file; the
-groups with one keep exactly the files they had. Every run test holds on both read paths.
+The file is quarantined and reported, stays in the table as it is, and its group is compacted
+without it (or, when too little is left, kept exactly as it was); every other group is compacted
+as usual. Every run test holds on both read paths. The quarantine itself: test_quarantine.py.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from compactor.rewrite.task_runner import run_task
 
 from support.rows import assert_same_rows, scan_rows
 from support.runs import DEFAULT_OPTIONS, run_compaction
-from support.tables import live_data_files, local_path, unreferenced_files
+from support.tables import live_data_files, local_path, records_by_partition, unreferenced_files
 
 if TYPE_CHECKING:
     from support.s3_server import S3Bucket
@@ -67,12 +68,13 @@ def broken(catalog: Catalog) -> tuple[Table, str, str]:
     return catalog.load_table(TABLE), truncated, deleted
 
 
-def test_groups_with_an_unreadable_file_are_skipped_and_the_others_committed(
+def test_a_group_with_an_unreadable_file_is_compacted_around_it(
     catalog: Catalog, broken: tuple[Table, str, str], read_path: str
 ) -> None:
     before, truncated, deleted = broken
     healthy_rows = scan_rows(before, healthy_filter())
     bad_files = {r: files_in(before, r) for r in (TRUNCATED, DELETED)}
+    records = records_by_partition(before)
 
     result, after = run_compaction(catalog, TABLE)
 
@@ -82,22 +84,23 @@ def test_groups_with_an_unreadable_file_are_skipped_and_the_others_committed(
     assert skipped[truncated]["reason"].startswith("corrupt data file: ")
     assert "Parquet magic bytes not found" in skipped[truncated]["reason"]
     assert skipped[deleted]["reason"].startswith("missing data file: ")
-    failed = {f["group_id"]: f for f in data["failed_groups"]}
-    assert set(failed) == {f["group_id"] for f in skipped.values()}
-    assert all(f["kind"] == "error" and "unreadable file" in f["reason"] for f in failed.values())
-    # One commit: the healthy partitions, each now one file, with exactly their rows.
-    assert len(result.snapshot_ids) == 1 and data["committed_groups"] == len(HEALTHY)
+    assert [f["path"] for f in data["quarantined_files"]] == sorted([truncated, deleted])
+    # One commit, no group failed: every partition is one new file, but for the bad files.
+    assert data["failed_groups"] == [] and result.errors == []
+    assert len(result.snapshot_ids) == 1 and data["committed_groups"] == len(REGIONS)
     assert (data["bulk_read_files"] > 0) == (read_path == "bulk")
     assert all(len(files_in(after, r)) == 1 for r in HEALTHY)
     assert_same_rows(healthy_rows, scan_rows(after, healthy_filter()))
-    # The bad partitions keep every file they had, the unreadable ones included.
-    assert {r: files_in(after, r) for r in bad_files} == bad_files
+    for region, bad in ((TRUNCATED, truncated), (DELETED, deleted)):
+        kept = files_in(after, region)  # the unreadable file, as it was, and one new file
+        assert bad in kept and len(kept) == 2 and not kept & (bad_files[region] - {bad})
+    assert records_by_partition(after) == records  # the unreadable files' rows still counted
     assert last_unreadable_files(after) == sorted([truncated, deleted])  # what inspect shows
-    assert unreferenced_files(after) == []  # the skipped groups' outputs are gone
+    assert unreferenced_files(after) == []
 
 
 @pytest.mark.usefixtures("read_path")
-def test_a_missing_or_truncated_object_in_s3_skips_its_group(s3: S3Bucket) -> None:
+def test_a_missing_or_truncated_object_in_s3_is_compacted_around(s3: S3Bucket) -> None:
     catalog = s3.catalog()
     table = create_events_table(catalog, TABLE, commits=3, rows_per_commit=100, days=1)
     truncated, deleted = sorted(files_in(table, TRUNCATED))[0], sorted(files_in(table, DELETED))[0]
@@ -111,20 +114,29 @@ def test_a_missing_or_truncated_object_in_s3_skips_its_group(s3: S3Bucket) -> No
     assert reasons.keys() == {truncated, deleted}
     assert reasons[truncated].startswith("corrupt data file: ")
     assert reasons[deleted].startswith("missing data file: ")
-    assert len(result.snapshot_ids) == 1 and len(result.committed) == len(HEALTHY)
+    assert {f.path for f in result.quarantined_files} == {truncated, deleted}
+    assert len(result.snapshot_ids) == 1 and len(result.committed) == len(REGIONS)
 
 
-def test_a_table_whose_only_group_is_unreadable_commits_nothing(
+def test_a_group_too_small_without_its_unreadable_file_is_left_as_it_was(
     catalog: Catalog, broken: tuple[Table, str, str]
 ) -> None:
+    """Two files left of three, three needed: nothing is committed, nothing fails, and the next
+    run does not try the quarantined file again."""
     before, truncated, _ = broken
+    options = {"where": f"region = '{TRUNCATED}'", "min_input_files": 3}
 
-    result, after = run_compaction(catalog, TABLE, where=f"region = '{TRUNCATED}'")
+    result, after = run_compaction(catalog, TABLE, **options)
+    again, _ = run_compaction(catalog, TABLE, **options)
 
-    assert result.snapshot_ids == []
+    assert result.snapshot_ids == [] and result.failures == []
     assert [f.path for f in result.skipped_files] == [truncated]
+    assert [f.path for f in result.quarantined_files] == [truncated]
     assert after.metadata.snapshots == before.metadata.snapshots
     assert unreferenced_files(after) == []
+    assert again.plan.groups == [] and again.skipped_files == []
+    assert again.plan.skipped["quarantined_files"] == 1
+    assert [f.path for f in again.quarantined_files] == [truncated]
 
 
 def test_an_unreadable_file_travels_from_a_worker_as_the_same_error(
@@ -161,7 +173,7 @@ def damage_a_page(path: Path, column: str) -> None:
     path.write_bytes(bytes(data))
 
 
-def test_a_damaged_page_under_a_valid_footer_skips_its_group(
+def test_a_damaged_page_under_a_valid_footer_is_compacted_around(
     catalog: Catalog, read_path: str
 ) -> None:
     table = create_events_table(catalog, TABLE, commits=3, rows_per_commit=400, days=1)
@@ -178,9 +190,11 @@ def test_a_damaged_page_under_a_valid_footer_skips_its_group(
     (skipped,) = data["skipped_files"]
     assert skipped["path"] == damaged
     assert skipped["reason"].startswith("corrupt data file: "), skipped
-    assert data["committed_groups"] == len(healthy)
+    assert [f["path"] for f in data["quarantined_files"]] == [damaged]
+    assert data["committed_groups"] == len(REGIONS) and data["failed_groups"] == []
     assert (data["bulk_read_files"] > 0) == (read_path == "bulk")
-    assert files_in(after, TRUNCATED) == kept
+    (added,) = files_in(after, TRUNCATED) - {damaged}
+    assert files_in(after, TRUNCATED) & kept == {damaged} and added not in kept
     assert all(len(files_in(after, r)) == 1 for r in healthy)
     assert_same_rows(healthy_rows, scan_rows(after, where))
     assert unreferenced_files(after) == []
@@ -190,8 +204,8 @@ def test_a_value_damaged_in_a_checksummed_page_is_caught_not_rewritten(
     catalog: Catalog, read_path: str
 ) -> None:
     """A flipped bit in an uncompressed page still decodes, to another value. compactor writes
-    page checksums and verifies them where present: the damaged file is unreadable, its group
-    skipped, and the wrong value is not carried into a new file."""
+    page checksums and verifies them where present: the damaged file is unreadable, left as it
+    is, and the wrong value is not carried into a new file (its group's other files are)."""
     schema = pa.schema([pa.field("id", pa.int64(), nullable=False), ("x", pa.float64())])
     table = catalog.create_table(
         TABLE, schema, properties={"write.parquet.compression-codec": "uncompressed"}
@@ -224,8 +238,12 @@ def test_a_value_damaged_in_a_checksummed_page_is_caught_not_rewritten(
     (skipped,) = result.to_dict()["skipped_files"]
     assert skipped["path"] == compacted
     assert "CRC checksum verification failed" in skipped["reason"]
-    assert result.snapshot_ids == []
-    assert set(live_data_files(after)) == kept
+    (added,) = [d.file_path for d in result.added_files]
+    assert len(result.snapshot_ids) == 1 and set(live_data_files(after)) == {compacted, added}
+    assert compacted in kept and added not in kept
+    assert sorted(pq.read_table(local_path(added)).column("id").to_pylist()) == list(
+        range(6000, 10000)
+    )
 
 
 def test_only_missing_or_corrupt_files_count_as_unreadable(tmp_path: Path) -> None:
@@ -253,17 +271,28 @@ def test_only_missing_or_corrupt_files_count_as_unreadable(tmp_path: Path) -> No
         assert type(error) is DataFileError and str(error).startswith(f"data file {path}: ")
 
 
-def test_the_state_file_records_skipped_files_also_when_written_by_an_earlier_version(
+def test_the_state_file_records_unreadable_files_also_when_written_by_an_earlier_version(
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "state.db"
-    with sqlite3.connect(path) as db:  # the runs table as it was before skipped_files
-        db.executescript(SCHEMA.replace(",\n    skipped_files TEXT NOT NULL DEFAULT '[]'", ""))
+    old_schema = SCHEMA  # the runs table as it was before skipped_files and quarantined_files
+    for added in ("skipped_files", "quarantined_files"):
+        old_schema = old_schema.replace(f",\n    {added} TEXT NOT NULL DEFAULT '[]'", "")
+    assert "skipped_files" not in old_schema and "quarantined_files" not in old_schema
+    with sqlite3.connect(path) as db:
+        db.executescript(old_schema)
     history = History(path)
     row = history.start_run("db.events", "compact", "job", 1.0)
     row.outcome, row.ended_at = "partial", 2.0
     row.skipped_files = [{"group_id": 3, "path": "s3://b/t/f.parquet", "reason": "missing"}]
+    row.quarantined_files = [
+        {"path": "s3://b/t/f.parquet", "reason": "missing", "first_seen_ms": 1}
+    ]
     history.finish_run(row)
 
-    assert history.runs()[0].skipped_files == row.skipped_files
+    (stored,) = history.runs()
+    assert (stored.skipped_files, stored.quarantined_files) == (
+        row.skipped_files,
+        row.quarantined_files,
+    )
     history.close()

@@ -47,6 +47,25 @@ def compactor(
     )
 
 
+def isolate(monkeypatch: pytest.MonkeyPatch, home: Path) -> None:
+    """This process, for the test: no catalog or compactor settings, every home at ``home``."""
+    for name in list(os.environ):
+        if name.upper().startswith(("PYICEBERG_", "COMPACTOR_")) or name in LEAKY_VARIABLES:
+            monkeypatch.delenv(name)
+    for name in ("HOME", "PYICEBERG_HOME", "COMPACTOR_HOME"):
+        monkeypatch.setenv(name, str(home))
+
+
+def invoke(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run the CLI in-process; the result looks like a finished subprocess."""
+    from typer.testing import CliRunner
+
+    from compactor.cli.app import app
+
+    result = CliRunner().invoke(app, list(args))
+    return subprocess.CompletedProcess(list(args), result.exit_code, result.stdout, result.stderr)
+
+
 def embedded(home: Path) -> SqlCatalog:
     """The embedded catalog the CLI opens when ``COMPACTOR_HOME`` is ``home``."""
     with pytest.MonkeyPatch.context() as mp:

@@ -13,6 +13,7 @@ from pyiceberg.table.snapshots import Snapshot
 
 from compactor.iceberg.references import table_references
 from compactor.iceberg.value_keys import PartitionKey, partition_key, value_key
+from compactor.quarantine import QUARANTINE_FILE
 
 
 def live_entries(table: Table, snapshot: Snapshot | None = None) -> list[ManifestEntry]:
@@ -133,8 +134,8 @@ def new_data_files(before: Table, after: Table) -> list[DataFile]:
 def unreferenced_files(table: Table) -> list[str]:
     """Local paths of files under the table's location that no snapshot of ``table`` references.
 
-    Table metadata files (``*.metadata.json``) are not snapshot files and are left out; so is a
-    live run's record (``compactor-run.*.json``).
+    Table metadata files (``*.metadata.json``) are not snapshot files and are left out; so are
+    a live run's record (``compactor-run.*.json``) and the table's quarantine.
     """
     referenced = {str(local_path(uri)) for uri in table_references(table).all()}
     root = local_path(table.metadata.location)
@@ -144,5 +145,6 @@ def unreferenced_files(table: Table) -> list[str]:
         if path.is_file()
         and not path.name.endswith(".metadata.json")
         and not path.name.startswith("compactor-run.")
+        and path.name != QUARANTINE_FILE
         and str(path) not in referenced
     )

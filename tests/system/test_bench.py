@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from compactor.bench import query_benchmark
 from compactor.bench.queries import same_results
-from compactor.bench.rewrite import WORKLOADS, rewrite_parameters, split_by_bytes
+from compactor.bench.rewrite import TASK_PHASES, WORKLOADS, rewrite_parameters, split_by_bytes
 from compactor.bench.s3_local import RequestCounter
 from compactor.bench.tpcds import DEFAULT_QUERIES, NAMESPACE
 from compactor.bench.warehouse import CATALOG_FILE, CATALOG_NAME, WAREHOUSE_DIR
@@ -141,6 +141,9 @@ RATIOS = {
     for measure in ("time", "cpu", "peak_rss")
     for floor in ("floor_1", "floor_2")
 }
+# compactor's breakdown: stages one after the other, and where their CPU went.
+STAGES = ("plan", "rewrite", "commit")
+CPU_PARTS = ("plan", *TASK_PHASES, "pyarrow_threads", "rewrite_other", "commit")
 REWRITE_SCHEMA = {
     **COMMON,
     "input": {"table": str, "files": int, "bytes": int, "rows": int, "commits": int},
@@ -154,6 +157,11 @@ REWRITE_SCHEMA = {
         "memory_limit": int,
         "records_written": int,
         "rows_deleted": int,
+        "breakdown": {
+            "seconds": dict.fromkeys(STAGES, float),
+            "cpu_seconds": dict.fromkeys(CPU_PARTS, float),
+            "cpu_ms_per_file": dict.fromkeys((*CPU_PARTS, "total"), float),
+        },
     },
     "ratios": RATIOS,
     "fraction_of_floor": float,
@@ -568,6 +576,15 @@ def test_rewrite_bench_workload_reports_both_floors_and_compactor_against_each(
     assert floor_2["output_bytes"] == sum(h["output_bytes"] for h in halves)
     assert compacted["parallelism"] == 1 and compacted["groups"] == 1
     assert compacted["records_written"] == source["rows"]
+    # Where compactor's time went: stages in turn, CPU parts within the phase's CPU.
+    parts = compacted["breakdown"]
+    assert sum(parts["seconds"].values()) == pytest.approx(compacted["seconds"], abs=0.003)
+    cpu = parts["cpu_seconds"]
+    assert all(cpu[part] > 0 for part in ("plan", "open_footer", "decode", "write", "commit"))
+    assert cpu["read_each"] == 0  # every file read in bulk
+    measured = sum(value for part, value in cpu.items() if part != "rewrite_other")
+    assert measured <= compacted["cpu_seconds"] + 0.01
+    assert parts["cpu_ms_per_file"]["decode"] == pytest.approx(cpu["decode"] * 1000 / 40, abs=0.02)
     ratios = report["ratios"]
     assert ratios["time_vs_floor_1"] == pytest.approx(
         compacted["seconds"] / floor_1["seconds"], abs=1e-3
@@ -579,6 +596,7 @@ def test_rewrite_bench_workload_reports_both_floors_and_compactor_against_each(
     assert f"{ratios['time_vs_floor_1']:.2f}x the 1-process floor's time" in markdown
     for row in ("| raw pyarrow, 1 process |", "| raw pyarrow, 2 processes |", "| compactor"):
         assert row in markdown
+    assert "| read: open, footer |" in markdown
 
 
 def test_bad_rewrite_options_are_one_error_line_with_exit_code_2(tmp_path: Path) -> None:

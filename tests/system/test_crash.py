@@ -17,7 +17,6 @@ graceful signal waits until the CLI has taken it.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -36,6 +35,7 @@ from compactor.iceberg.catalogs import embedded_catalog
 from compactor.iceberg.references import table_references
 
 from support import crash_runner
+from support.cli import cli_env, isolate
 from support.crash_runner import HOOK_MESSAGE
 from support.json_output import assert_documented
 from support.rows import assert_same_rows, scan_rows
@@ -64,8 +64,6 @@ RUN = (
     "--json",
 )
 TIMEOUT_S = 300
-# Variables that would change what the CLI reads.
-LEAKY_VARIABLES = ("XDG_DATA_HOME",)
 
 
 # --- environment, tables and runs ---------------------------------------------------------
@@ -74,23 +72,7 @@ LEAKY_VARIABLES = ("XDG_DATA_HOME",)
 @pytest.fixture(autouse=True)
 def _isolated_pyiceberg(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """In-process pyiceberg reads no user configuration; the embedded catalog is the test's."""
-    for name in list(os.environ):
-        if name.upper().startswith(("PYICEBERG_", "COMPACTOR_")) or name in LEAKY_VARIABLES:
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.setenv("PYICEBERG_HOME", str(tmp_path))
-    monkeypatch.setenv("COMPACTOR_HOME", str(tmp_path))
-
-
-def cli_env(home: Path) -> dict[str, str]:
-    """The parent's environment without catalog or compactor settings, rooted at ``home``."""
-    env = {
-        name: value
-        for name, value in os.environ.items()
-        if not name.upper().startswith(("PYICEBERG_", "COMPACTOR_")) and name not in LEAKY_VARIABLES
-    }
-    env.update(COMPACTOR_HOME=str(home), HOME=str(home), PYICEBERG_HOME=str(home))
-    return env
+    isolate(monkeypatch, tmp_path)
 
 
 def _run(home: Path, command: Sequence[str]) -> subprocess.CompletedProcess[str]:

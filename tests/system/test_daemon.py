@@ -455,13 +455,13 @@ min_small_bytes = "1TiB"
 
 
 def _cell(text: str, row: str, column: int) -> str:
-    """Column ``column`` of the rich table row of ``text`` whose first cell is ``row``."""
+    """Column ``column`` of the first rich table row of ``text`` whose first cell is ``row``."""
     cells = [
         [cell.strip() for cell in line.split("│")[1:-1]]
         for line in text.splitlines()
         if "│" in line
     ]
-    (found,) = [c for c in cells if c[0] == row]
+    found = next(c for c in cells if c[0] == row)
     return found[column]
 
 

@@ -12,20 +12,31 @@ from pyiceberg.typedef import Record
 
 from compactor.commit.equality_commit import removable_globals
 from compactor.errors import DataFileError
+from compactor.options.defaults import DEFAULT_MEMORY_LIMIT, MIN_MEMORY_LIMIT, PROCESS_ALLOWANCE
 from compactor.planning.equality_groups import EqualityGroup, EqualityPlan
 from compactor.planning.planner import InputFile
-from compactor.rewrite.equality_conversion import _position_rows
+from compactor.rewrite.equality_conversion import (
+    HELD_ROW_BYTES,
+    KEY_BYTES,
+    READ_THREADS,
+    READER_BYTES,
+    Budget,
+    _by_path,
+    _position_rows,
+)
 
 A = Record("a")
 
 
-def _file(path: str, content: DataFileContent = DataFileContent.DATA, **more: Any) -> DataFile:
+def _file(
+    path: str, content: DataFileContent = DataFileContent.DATA, rows: int = 10, **more: Any
+) -> DataFile:
     data_file = DataFile.from_args(
         content=content,
         file_path=path,
         file_format=FileFormat.PARQUET,
         partition=A,
-        record_count=10,
+        record_count=rows,
         file_size_in_bytes=100,
         **more,
     )
@@ -52,7 +63,13 @@ def _group(inputs: list[tuple[str, int, list[DataFile]]], seqs: dict[str, int]) 
     )
 
 
-def _rows(table: pa.Table) -> list[tuple[str, int, int]]:
+def _rows(
+    group: EqualityGroup, matched: list[pa.Array], live: dict[str, Any]
+) -> list[tuple[str, int, int]]:
+    """The rows written for ``matched`` (each input's matched positions), as the conversion
+    reads the inputs: in path order."""
+    found = sorted(zip(group.inputs, matched, strict=True), key=lambda m: m[0].path)
+    table = _position_rows(list(_by_path(group, found, live)))
     return list(
         zip(*(table.column(n).to_pylist() for n in ("file_path", "pos", "seq")), strict=True)
     )
@@ -64,9 +81,7 @@ def test_rows_keep_the_newest_delete_sequence_number_sorted_by_path_and_position
     live = {"d1": [(1, 0, A)], "d2": [(2, 0, A)], "d4": [(4, 0, A)]}
     matched = [pa.array([4, 0], pa.int64()), pa.array([], pa.int64()), pa.array([9], pa.int64())]
 
-    rows = _position_rows(group, matched, live)
-
-    assert _rows(rows) == [("d2", 0, 5), ("d2", 4, 5), ("d4", 9, 5)]
+    assert _rows(group, matched, live) == [("d2", 0, 5), ("d2", 4, 5), ("d4", 9, 5)]
     assert group.data_sequence_number == 5
     assert group.key_bytes == 3 * (40 + 7)  # each input's key columns (1 and 2), by field id
 
@@ -78,9 +93,7 @@ def test_a_path_live_twice_lowers_the_rows_its_newer_entry_keeps() -> None:
     live = {"d1": [(1, 0, A), (3, 0, A)]}
     older, newer = pa.array([1, 2, 3], pa.int64()), pa.array([2, 3], pa.int64())
 
-    rows = _position_rows(group, [older, newer], live)
-
-    assert _rows(rows) == [("d1", 1, 2), ("d1", 2, 4), ("d1", 3, 4)]
+    assert _rows(group, [older, newer], live) == [("d1", 1, 2), ("d1", 2, 4), ("d1", 3, 4)]
 
 
 def test_a_newer_entry_no_delete_applies_to_bounds_every_row() -> None:
@@ -89,9 +102,7 @@ def test_a_newer_entry_no_delete_applies_to_bounds_every_row() -> None:
     group = _group([("d1", 1, [e4])], {"e4": 4})
     live = {"d1": [(1, 0, A), (4, 0, A)], "other": [(1, 0, Record("b"))]}
 
-    rows = _position_rows(group, [pa.array([0, 5], pa.int64())], live)
-
-    assert _rows(rows) == [("d1", 0, 3), ("d1", 5, 3)]
+    assert _rows(group, [pa.array([0, 5], pa.int64())], live) == [("d1", 0, 3), ("d1", 5, 3)]
 
 
 def test_entries_that_disagree_are_refused() -> None:
@@ -100,7 +111,7 @@ def test_entries_that_disagree_are_refused() -> None:
     live = {"d1": [(1, 0, A), (3, 0, A)]}
     # The newer entry loses a row the older keeps: the same file cannot read so.
     with pytest.raises(DataFileError, match="disagree"):
-        _position_rows(group, [pa.array([1], pa.int64()), pa.array([7], pa.int64())], live)
+        _rows(group, [pa.array([1], pa.int64()), pa.array([7], pa.int64())], live)
 
 
 def test_a_global_delete_goes_once_every_group_it_applies_to_is_committed() -> None:
@@ -118,3 +129,21 @@ def test_a_global_delete_goes_once_every_group_it_applies_to_is_committed() -> N
     assert removable_globals(plan, {0: groups[0], 1: groups[1]}, {}) == ["g1", "g2"]
     assert removable_globals(plan, {0: groups[0]}, {}) == ["g2"]
     assert removable_globals(plan, {0: groups[0], 1: groups[1]}, {"g1": "added"}) == ["g2"]
+
+
+def test_the_memory_limit_bounds_the_readers_and_the_rows_held() -> None:
+    """Past the process's allowance and the deleted keys, half for the readers, the rest for
+    the matched rows held before they are written; a lower limit holds less."""
+    # 40 MB of deleted keys.
+    deletes = [_file("e1", DataFileContent.EQUALITY_DELETES, 500_000, equality_ids=[1])]
+    group = _group([(f"d{n}", 1, deletes) for n in range(8)], {"e1": 2})
+
+    default = Budget.of(group, DEFAULT_MEMORY_LIMIT)
+    lowest = Budget.of(group, MIN_MEMORY_LIMIT)
+    larger = Budget.of(group, 4 * DEFAULT_MEMORY_LIMIT)
+
+    assert (lowest.readers, default.readers, larger.readers) == (2, 3, READ_THREADS)
+    assert lowest.held_rows < default.held_rows < larger.held_rows
+    spare = DEFAULT_MEMORY_LIMIT - PROCESS_ALLOWANCE - 500_000 * KEY_BYTES
+    held = default.readers * READER_BYTES + default.held_rows * (HELD_ROW_BYTES + 2 * len("d0"))
+    assert spare - (HELD_ROW_BYTES + 4) < held <= spare

@@ -37,13 +37,13 @@ from compactor.planning.planner import (
     FileGroup,
     InputFile,
     _pack,
-    _skip_reason,
     _split_for_idle_workers,
     _within_max_files,
     branch_head,
     file_scoped_deleted_rows,
     is_unpartitioned,
     partition_path,
+    skip_reason,
     too_many_deletes,
 )
 
@@ -229,7 +229,7 @@ def test_a_group_counts_its_outputs_bytes_and_each_delete_file_once() -> None:
 def test_a_group_is_skipped_only_when_its_rewrite_would_not_help(
     sizes: list[int], options: dict[str, Any], reason: str | None
 ) -> None:
-    assert _skip_reason(group(inputs(*sizes)), plan_options(**options)) == reason
+    assert skip_reason(group(inputs(*sizes)), plan_options(**options)) == reason
 
 
 def test_while_workers_would_idle_the_largest_group_is_cut_in_write_order_at_whole_targets() -> (
