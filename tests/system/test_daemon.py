@@ -581,7 +581,11 @@ def test_a_tables_own_properties_pause_or_tune_the_daemons_actions(setup: Setup)
     status = setup.status()
     scans = {t["table"]: t for t in status["tables"]}
     assert scans[tables["tuned"]]["reasons"] == []
-    assert tables["paused"] not in scans
+    # The paused table is scored from its snapshot summary, never due, its pause named.
+    paused_scan = scans[tables["paused"]]
+    settings = {s["option"]: (s["value"], s["source"]) for s in paused_scan["settings"]}
+    assert paused_scan["due"] is False and paused_scan["source"] == "summary"
+    assert settings["enabled"] == ("False", "table property compactor.enabled")
     # One convention in the log and in status --json: "table", times in epoch milliseconds.
     assert expiry["table"] == tables["paused"] and isinstance(expiry["started_at_ms"], int)
     assert not {"table_name", "started_at", "ended_at"} & (set(expiry) | set(status["runs"][0]))
