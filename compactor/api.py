@@ -23,7 +23,7 @@ from pyiceberg.table import Table
 
 from compactor import compaction
 from compactor.commit.inflight import CommitInDoubt, LeaseHeldError, in_doubt_report
-from compactor.compaction import Progress, RunResult
+from compactor.compaction import Progress, RunResult, plan_compaction
 from compactor.errors import UsageError
 from compactor.execute.executors import Executor
 from compactor.iceberg import pyiceberg_compat
@@ -46,7 +46,7 @@ from compactor.options.table_properties import (
 )
 from compactor.planning.health import TableHealth, table_health
 from compactor.planning.manifest_groups import ManifestStats, manifest_stats
-from compactor.planning.planner import Plan, plan_rewrite
+from compactor.planning.planner import Plan
 from compactor.quarantine import Quarantine, QuarantinedFile
 
 
@@ -86,10 +86,8 @@ def _one_of(options: object, overrides: dict[str, Any]) -> None:
 def plan(table: Table, options: RewriteOptions | None = None, **option_overrides: Any) -> Plan:
     """What :func:`compact` would rewrite now: groups, input files and bytes. Writes nothing."""
     pyiceberg_compat.install()
-    identifier = identifier_of(table)
     resolved = options_for(table, options, option_overrides)
-    excluded = Quarantine.load(table).excluded  # as compact leaves them out
-    return plan_rewrite(table, identifier, resolved.plan, exclude=excluded)[0]
+    return plan_compaction(table, resolved.plan)[0]
 
 
 def compact(

@@ -45,7 +45,7 @@ from compactor.errors import (
 from compactor.execute import make_executor
 from compactor.execute.executors import Executor, ThreadExecutor
 from compactor.iceberg.catalogs import identifier_of
-from compactor.options.compact import CommitOptions, RewriteOptions
+from compactor.options.compact import CommitOptions, PlanOptions, RewriteOptions
 from compactor.options.defaults import MAX_OUTPUT_GROWTH, MIN_FILE_REDUCTION_FOR_GROWTH
 from compactor.planning.health import delete_file_kinds
 from compactor.planning.planner import (
@@ -499,13 +499,27 @@ def last_unreadable_files(table: Table) -> list[str]:
     return []
 
 
+def plan_compaction(
+    table: Table,
+    options: PlanOptions,
+    grown_before: Collection[frozenset[str]] = (),
+    quarantine: Quarantine | None = None,
+) -> tuple[Plan, CommitContext, Quarantine]:
+    """Plan the compaction of ``table`` as every run plans it: without the files of its
+    quarantine (loaded unless given), which the result also returns."""
+    quarantine = quarantine or Quarantine.load(table)
+    plan, context = plan_rewrite(
+        table, identifier_of(table), options, grown_before, quarantine.excluded
+    )
+    return plan, context, quarantine
+
+
 def backed_off(table: Table, options: RewriteOptions, reason: str) -> RunResult:
     """The result of a run that backed off because another run holds ``table``: what it would
     have rewritten, nothing committed."""
-    identifier, quarantine = identifier_of(table), Quarantine.load(table)
-    plan, _ = plan_rewrite(table, identifier, options.plan, exclude=quarantine.excluded)
+    plan, _, quarantine = plan_compaction(table, options.plan)
     return RunResult(
-        identifier, plan, new_run_id(), quarantined_files=quarantine.files, backed_off=reason
+        plan.table, plan, new_run_id(), quarantined_files=quarantine.files, backed_off=reason
     )
 
 
@@ -532,8 +546,7 @@ def compact_table(
     started = time.monotonic()
     run_id, identifier = new_run_id(), identifier_of(table)
     if dry_run:
-        quarantine = Quarantine.load(table)
-        plan, _ = plan_rewrite(table, identifier, options.plan, grown_before, quarantine.excluded)
+        plan, _, quarantine = plan_compaction(table, options.plan, grown_before)
         result = RunResult(
             identifier, plan, run_id, dry_run=True, quarantined_files=quarantine.files
         )
@@ -564,9 +577,7 @@ def _run(
         RunScope(table, run_id, options.commit.lease_ttl_s) as scope,
         Quarantine.load(table).saving() as quarantine,
     ):
-        plan, context = plan_rewrite(
-            table, identifier, options.plan, grown_before, quarantine.excluded
-        )
+        plan, context, _ = plan_compaction(table, options.plan, grown_before, quarantine)
         result = RunResult(identifier, plan, run_id)
         if plan.groups:
             if progress:

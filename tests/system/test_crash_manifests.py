@@ -8,7 +8,6 @@ which sends the process SIGKILL on the first call of one function.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ from compactor.commit.inflight import read_record, recorded_files
 from compactor.iceberg.catalogs import embedded_catalog
 
 from support import crash_runner
+from support.cli import cli_env, isolate
 from support.crash_runner import HOOK_MESSAGE
 from support.rows import assert_same_rows, scan_rows
 from support.tables import unreferenced_files
@@ -33,21 +33,11 @@ REWRITE = ("rewrite-manifests", "--table", TABLE, "--json")
 TIMEOUT_S = 300
 
 
-def _env(home: Path) -> dict[str, str]:
-    env = {
-        name: value
-        for name, value in os.environ.items()
-        if not name.upper().startswith(("PYICEBERG_", "COMPACTOR_")) and name != "XDG_DATA_HOME"
-    }
-    env.update(COMPACTOR_HOME=str(home), HOME=str(home), PYICEBERG_HOME=str(home))
-    return env
-
-
 def _run(home: Path, *command: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         list(command),
         cwd=home,
-        env=_env(home),
+        env=cli_env(home),
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
@@ -60,10 +50,7 @@ def _run(home: Path, *command: str) -> subprocess.CompletedProcess[str]:
 def test_a_killed_rewrite_leaves_the_rows_and_the_next_run_cleans_up(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, point: str
 ) -> None:
-    for name in list(os.environ):
-        if name.upper().startswith(("PYICEBERG_", "COMPACTOR_")):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("COMPACTOR_HOME", str(tmp_path))
+    isolate(monkeypatch, tmp_path)
     catalog = embedded_catalog()
     table = create_events_table(catalog, TABLE, commits=10, rows_per_commit=200, days=2)
     before = scan_rows(table)
