@@ -27,21 +27,17 @@ from pyiceberg.manifest import (
     DataFile,
     DataFileContent,
     ManifestContent,
-    ManifestEntry,
     ManifestEntryStatus,
     ManifestFile,
 )
-from pyiceberg.table import Table, TableProperties
+from pyiceberg.table import Table
 from pyiceberg.table.refs import MAIN_BRANCH
 from pyiceberg.table.snapshots import (
     Operation,
     Snapshot,
-    SnapshotSummaryCollector,
-    Summary,
-    update_snapshot_summaries,
 )
-from pyiceberg.utils.properties import property_as_int
 
+from compactor.commit.change_manifests import ChangeManifests, replace_summary, summary_collector
 from compactor.commit.retry import RetryPolicy, is_refusal, is_retryable
 from compactor.commit.snapshot_writer import SnapshotWriter, branch_commit, carry_over
 from compactor.commit.validation import entries_added_by, missing_outputs, new_snapshots
@@ -183,14 +179,15 @@ def _filter_manifests(
     context: CommitContext,
     inputs: dict[str, InputFile],
     dangling: set[str],
-) -> tuple[list[ManifestFile], dict[str, ManifestEntry]]:
+    changes: ChangeManifests,
+) -> list[ManifestFile]:
     """Carry the head's manifests over without the inputs and dangling delete files.
 
     Manifests that hold none of them are kept as they are; manifests whose every live file goes
     are dropped; the others are rewritten with their remaining entries as EXISTING. Returns the
-    manifests and, per removed path, the live entry found for it (the caller records those as
-    DELETED and can tell which inputs are no longer live). Manifests of the plan's snapshot are
-    read again only when the plan cannot tell what to do with them.
+    manifests; each removed file's live entry goes to ``changes`` as it is found (the caller can
+    then tell which inputs are no longer live). Manifests of the plan's snapshot are read again
+    only when the plan cannot tell what to do with them.
     """
     io, version = attempt.table.io, attempt.table.metadata.format_version
     remove = inputs.keys() | dangling
@@ -198,7 +195,6 @@ def _filter_manifests(
     for path, f in inputs.items():
         by_manifest[f.manifest_path].append(path)
     manifests: list[ManifestFile] = []
-    found: dict[str, ManifestEntry] = {}
     for manifest in snapshot_manifests(io, head, version):
         path = manifest.manifest_path
         if path in context.start_manifests:
@@ -210,82 +206,14 @@ def _filter_manifests(
                 continue
             planned = [inputs[p].entry for p in known]
             if len(known) == live and all(e is not None for e in planned):
-                found.update((delete_file_key(e.data_file), e) for e in planned if e is not None)
+                for e in planned:
+                    if e is not None:
+                        changes.remove(delete_file_key(e.data_file), e)
                 continue
-        carried = carry_over(attempt, manifest, remove, found)
+        carried = carry_over(attempt, manifest, remove, changes.remove)
         if carried is not None:
             manifests.append(carried)
-    return manifests, found
-
-
-def write_changes(
-    attempt: SnapshotWriter,
-    added: Iterable[tuple[DataFile, int | None]],
-    removed: Iterable[ManifestEntry],
-) -> list[ManifestFile]:
-    """One manifest per (spec, content) with the ``added`` files, each with its data sequence
-    number (None: the snapshot's), and the ``removed`` files' DELETED entries."""
-    by_key: dict[tuple[int, ManifestContent], list[ManifestEntry]] = defaultdict(list)
-    for data_file, data_sequence_number in added:
-        entry = ManifestEntry.from_args(
-            status=ManifestEntryStatus.ADDED,
-            snapshot_id=attempt.snapshot_id,
-            sequence_number=data_sequence_number,
-            file_sequence_number=None,
-            data_file=data_file,
-        )
-        by_key[(data_file.spec_id, _manifest_content(data_file))].append(entry)
-    for entry in removed:
-        data_file = entry.data_file
-        by_key[(data_file.spec_id, _manifest_content(data_file))].append(
-            ManifestEntry.from_args(
-                status=ManifestEntryStatus.DELETED,
-                snapshot_id=attempt.snapshot_id,
-                sequence_number=entry.sequence_number,
-                file_sequence_number=entry.file_sequence_number,
-                data_file=data_file,
-            )
-        )
-    manifests = []
-    for (spec_id, content), entries in sorted(
-        by_key.items(), key=lambda kv: (kv[0][1].value, kv[0][0])
-    ):
-        with attempt.manifest_writer(spec_id, content) as writer:
-            for entry in entries:
-                writer.add_entry(entry)
-        manifests.append(writer.to_manifest_file())
     return manifests
-
-
-def _manifest_content(data_file: DataFile) -> ManifestContent:
-    if data_file.content == DataFileContent.DATA:
-        return ManifestContent.DATA
-    return ManifestContent.DELETES
-
-
-def _summary(
-    table: Table,
-    head: Snapshot,
-    added: list[DataFile],
-    removed: list[DataFile],
-    props: dict[str, str],
-) -> Summary:
-    metadata = table.metadata
-    schema, specs = metadata.schema(), metadata.specs()
-    limit = (
-        property_as_int(metadata.properties, TableProperties.WRITE_PARTITION_SUMMARY_LIMIT, 0) or 0
-    )
-    collector = SnapshotSummaryCollector(partition_summary_limit=limit)
-    for data_file in added:
-        collector.add_file(data_file, schema=schema, partition_spec=specs[data_file.spec_id])
-    for data_file in removed:
-        collector.remove_file(data_file, schema=schema, partition_spec=specs[data_file.spec_id])
-    # pyiceberg totals only "overwrite"-like operations; compute them so, then relabel.
-    totals = update_snapshot_summaries(
-        Summary(operation=Operation.OVERWRITE, **collector.build(), **props),
-        previous_summary=head.summary.additional_properties if head.summary else None,
-    )
-    return Summary(operation=Operation.REPLACE, **totals.additional_properties)
 
 
 class CommitJournal(Protocol):
@@ -411,20 +339,27 @@ def commit_groups(
 def refuse_vanished(
     attempt: SnapshotWriter,
     group_of: Mapping[str, int],
-    found: Mapping[str, ManifestEntry],
+    changes: ChangeManifests,
     pending: dict[int, G],
     outcome: CommitOutcome[G],
     reason: str,
 ) -> bool:
     """Refuse the groups with a file to remove (``group_of``: path -> group id) that the head
-    no longer lists (not in ``found``); whether there was one: the attempt is then discarded."""
-    missing = {gid for path, gid in group_of.items() if path not in found}
+    no longer lists (not removed in ``changes``); whether there was one: the attempt is then
+    discarded."""
+    missing = {gid for path, gid in group_of.items() if path not in changes}
     for gid in missing:
         outcome.conflicts[gid] = reason
         pending.pop(gid)
     if missing:
-        attempt.discard()
+        discard(attempt, changes)
     return bool(missing)
+
+
+def discard(attempt: SnapshotWriter, changes: ChangeManifests) -> None:
+    """Give up ``attempt``: its change manifests are closed, then every file it wrote deleted."""
+    changes.close()
+    attempt.discard()
 
 
 def commit_on_branch(
@@ -539,42 +474,50 @@ def _write_snapshot(
         if (targets & rewritten.keys() or not targets)
         and targets <= rewritten.keys() | rewritten_before
     }
-    manifests, found = _filter_manifests(attempt, head, context, inputs, set(dangling))
+    data_sequence_number = plan.sequence_number if table.metadata.format_version > 1 else None
+    changes = ChangeManifests(attempt)
+    for result in pending.values():
+        for data_file in result.data_files:
+            changes.add(data_file, data_sequence_number)
+    manifests = _filter_manifests(attempt, head, context, inputs, set(dangling), changes)
     if refuse_vanished(
-        attempt, rewritten, found, pending, outcome, "an input file is no longer live in the table"
+        attempt,
+        rewritten,
+        changes,
+        pending,
+        outcome,
+        "an input file is no longer live in the table",
     ):
         return None
-
-    added = [df for r in pending.values() for df in r.data_files]
-    removed_entries = [found[p] for p in rewritten] + [found[p] for p in dangling if p in found]
-    outcome.removed_delete_files = [found[p].data_file for p in dangling if p in found]
-    metadata = table.metadata
-    data_sequence_number = plan.sequence_number if metadata.format_version > 1 else None
-    changes = write_changes(attempt, [(d, data_sequence_number) for d in added], removed_entries)
-    removed = [e.data_file for e in removed_entries]
-    return replace_snapshot(attempt, head, changes + manifests, added, removed, snapshot_properties)
+    outcome.removed_delete_files = [
+        changes.removed_delete_files[p] for p in dangling if p in changes
+    ]
+    return replace_snapshot(
+        attempt, head, changes.close() + manifests, changes, snapshot_properties
+    )
 
 
 def replace_snapshot(
     attempt: SnapshotWriter,
     head: Snapshot,
     manifests: list[ManifestFile],
-    added: list[DataFile],
-    removed: list[DataFile],
+    changes: ChangeManifests | None,
     snapshot_properties: dict[str, str],
 ) -> Snapshot:
-    """The ``replace`` snapshot over ``head`` listing ``manifests`` (data manifests first)."""
+    """The ``replace`` snapshot over ``head`` listing ``manifests`` (data manifests first), its
+    summary counting what ``changes`` added and removed (None: no file)."""
     metadata = attempt.table.metadata
     ordered = [m for m in manifests if m.content == ManifestContent.DATA]
     ordered += [m for m in manifests if m.content == ManifestContent.DELETES]
     sequence_number = metadata.next_sequence_number()
     manifest_list, lineage = attempt.manifest_list(head.snapshot_id, sequence_number, ordered)
+    collector = changes.summary if changes is not None else summary_collector(metadata)
     return Snapshot(
         snapshot_id=attempt.snapshot_id,
         parent_snapshot_id=head.snapshot_id,
         sequence_number=sequence_number,
         manifest_list=manifest_list,
-        summary=_summary(attempt.table, head, added, removed, snapshot_properties),
+        summary=replace_summary(collector, head, snapshot_properties),
         schema_id=metadata.current_schema_id,
         **lineage,
     )

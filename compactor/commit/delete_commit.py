@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterable, Mapping
 from pyiceberg.manifest import (
     DataFileContent,
     ManifestContent,
-    ManifestEntry,
     ManifestEntryStatus,
     ManifestFile,
 )
@@ -26,13 +25,13 @@ from pyiceberg.table import Table
 from pyiceberg.table.refs import MAIN_BRANCH
 from pyiceberg.table.snapshots import Snapshot
 
+from compactor.commit.change_manifests import ChangeManifests
 from compactor.commit.committer import (
     CommitJournal,
     CommitOutcome,
     commit_groups,
     refuse_vanished,
     replace_snapshot,
-    write_changes,
 )
 from compactor.commit.retry import RetryPolicy
 from compactor.commit.snapshot_writer import SnapshotWriter, carry_over
@@ -149,9 +148,15 @@ def commit_delete_rewrite(
 
 
 def filter_delete_manifests(
-    attempt: SnapshotWriter, head: Snapshot, remove: set[str], read: set[str], start: frozenset[str]
-) -> tuple[list[ManifestFile], dict[str, ManifestEntry]]:
-    """Carry the head's manifests over without ``remove``; returns them and the entries removed.
+    attempt: SnapshotWriter,
+    head: Snapshot,
+    remove: set[str],
+    read: set[str],
+    start: frozenset[str],
+    changes: ChangeManifests,
+) -> list[ManifestFile]:
+    """Carry the head's manifests over without ``remove``; returns them, each entry removed
+    gone to ``changes``.
 
     Data manifests and delete manifests of the start snapshot that held none of ``remove``
     (those not in ``read``) are kept as they are; the others are read, and rewritten with their
@@ -159,17 +164,16 @@ def filter_delete_manifests(
     """
     table = attempt.table
     manifests: list[ManifestFile] = []
-    found: dict[str, ManifestEntry] = {}
     for manifest in snapshot_manifests(table.io, head, table.metadata.format_version):
         if manifest.content != ManifestContent.DELETES or (
             manifest.manifest_path not in read and manifest.manifest_path in start
         ):
             manifests.append(manifest)
             continue
-        carried = carry_over(attempt, manifest, remove, found)
+        carried = carry_over(attempt, manifest, remove, changes.remove)
         if carried is not None:
             manifests.append(carried)
-    return manifests, found
+    return manifests
 
 
 def _write_snapshot(
@@ -182,18 +186,16 @@ def _write_snapshot(
 ) -> Snapshot | None:
     group_of = {p: gid for gid, g in pending.items() for p in g.paths}
     read = {m for g in pending.values() for m in g.manifests}
-    manifests, found = filter_delete_manifests(attempt, head, set(group_of), read, start_manifests)
+    changes = ChangeManifests(attempt)
+    for group in pending.values():
+        for data_file in group.outputs:
+            changes.add(data_file, group.data_sequence_number)
+    manifests = filter_delete_manifests(
+        attempt, head, set(group_of), read, start_manifests, changes
+    )
     reason = "a replaced delete file is no longer live in the table"
-    if refuse_vanished(attempt, group_of, found, pending, outcome, reason):
+    if refuse_vanished(attempt, group_of, changes, pending, outcome, reason):
         return None
-    added = [(d, g.data_sequence_number) for g in pending.values() for d in g.outputs]
-    removed = [found[path] for g in pending.values() for path in sorted(g.paths)]
-    changes = write_changes(attempt, added, removed)
     return replace_snapshot(
-        attempt,
-        head,
-        changes + manifests,
-        [d for d, _ in added],
-        [e.data_file for e in removed],
-        snapshot_properties,
+        attempt, head, changes.close() + manifests, changes, snapshot_properties
     )

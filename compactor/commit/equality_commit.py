@@ -25,13 +25,14 @@ from pyiceberg.manifest import DataFile, DataFileContent, ManifestEntryStatus
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
+from compactor.commit.change_manifests import ChangeManifests
 from compactor.commit.committer import (
     CommitJournal,
     CommitOutcome,
     commit_groups,
+    discard,
     refuse_vanished,
     replace_snapshot,
-    write_changes,
 )
 from compactor.commit.delete_commit import filter_delete_manifests
 from compactor.commit.retry import RetryPolicy
@@ -235,13 +236,17 @@ def _write_snapshot(
     read = {m for g in pending.values() for m in g.manifests}
     read |= {g.previous_manifests[key] for g in pending.values() for key in g.replaced}
     read |= {plan.global_deletes[p][1] for p in globals_removed}
-    manifests, found = filter_delete_manifests(
-        attempt, head, set(group_of) | set(globals_removed), read, plan.start_manifests
+    changes = ChangeManifests(attempt)
+    for group in pending.values():
+        for data_file, sequence_number in group.outputs:
+            changes.add(data_file, sequence_number)
+    manifests = filter_delete_manifests(
+        attempt, head, set(group_of) | set(globals_removed), read, plan.start_manifests, changes
     )
     reason = "a converted equality delete or a merged position delete is no longer live"
-    if refuse_vanished(attempt, group_of, found, pending, outcome, reason):
+    if refuse_vanished(attempt, group_of, changes, pending, outcome, reason):
         return None
-    gone = [p for p in globals_removed if p not in found]
+    gone = [p for p in globals_removed if p not in changes]
     if gone:  # removed without a trace in the branch's history: leave it, and its groups
         for path in gone:
             kept[path] = "no longer live in the table"
@@ -249,23 +254,13 @@ def _write_snapshot(
                 if path in g.global_deletes:
                     outcome.conflicts[gid] = f"global equality delete {path} is no longer live"
                     pending.pop(gid)
-        attempt.discard()
+        discard(attempt, changes)
         return None
-    added: list[tuple[DataFile, int | None]] = [
-        (d, seq) for g in pending.values() for d, seq in g.outputs
-    ]
-    removed = [found[p] for p in sorted(group_of)] + [found[p] for p in globals_removed]
-    if not added and not removed:  # what is left changes nothing: commit nothing
+    if not changes.entries:  # what is left changes nothing: commit nothing
         pending.clear()
-        attempt.discard()
+        discard(attempt, changes)
         return None
-    outcome.removed_delete_files = [found[p].data_file for p in globals_removed]
-    changes = write_changes(attempt, added, removed)
+    outcome.removed_delete_files = [changes.removed_delete_files[p] for p in globals_removed]
     return replace_snapshot(
-        attempt,
-        head,
-        changes + manifests,
-        [d for d, _ in added],
-        [e.data_file for e in removed],
-        snapshot_properties,
+        attempt, head, changes.close() + manifests, changes, snapshot_properties
     )

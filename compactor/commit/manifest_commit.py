@@ -260,7 +260,7 @@ def commit_manifest_rewrite(
             REPLACED_MANIFESTS: str(len(replaced)),
             PROCESSED_ENTRIES: str(sum(g.entries for g in pending.values())),
         }
-        return replace_snapshot(attempt, head, created + kept, [], [], properties)
+        return replace_snapshot(attempt, head, created + kept, None, properties)
 
     return commit_groups(
         table,

@@ -10,7 +10,7 @@ does. Every snapshot compactor writes goes through these.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from pyiceberg.io import OutputFile
 from pyiceberg.manifest import (
@@ -110,10 +110,11 @@ class SnapshotWriter:
 def carry_over(
     attempt: SnapshotWriter,
     manifest: ManifestFile,
-    remove: set[str],
-    found: dict[str, ManifestEntry],
+    remove: Collection[str],
+    removed: Callable[[str, ManifestEntry], None],
 ) -> ManifestFile | None:
-    """``manifest`` without the live entries whose keys are in ``remove`` (added to ``found``).
+    """``manifest`` without the live entries whose keys are in ``remove`` (each passed to
+    ``removed`` with its key).
 
     Keys are paths, and for deletion vectors path and blob offset (:func:`delete_file_key`).
     The manifest itself when it holds none of them, None when nothing else is left, otherwise a
@@ -125,7 +126,9 @@ def carry_over(
     kept = [e for key, e in keyed if key not in remove]
     if len(kept) == len(entries):
         return manifest
-    found.update((key, e) for key, e in keyed if key in remove)
+    for key, e in keyed:
+        if key in remove:
+            removed(key, e)
     if not kept:
         return None
     with attempt.manifest_writer(manifest.partition_spec_id, manifest.content) as writer:

@@ -1,7 +1,7 @@
 """Manifest files written by an Avro encoder compiled from the manifest's schema.
 
 pyiceberg's own writer dispatches every value through generic writer objects, one bytes object
-per encoded byte, and compresses each entry as an Avro block of its own. :func:`write_manifest`
+per encoded byte, and compresses each entry as an Avro block of its own. :class:`ManifestEncoder`
 writes the same file (pyiceberg's header: its ``avro.schema`` and the writer's metadata; the
 entries encoded to the same bytes) many entries to a block, with one closure per schema field,
 varints computed once per value, and the stat maps' key/value pairs written in one loop.
@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import struct
-from collections.abc import Callable, ItemsView, Iterable, Mapping, Sequence
+from collections.abc import Callable, ItemsView, Mapping, Sequence
 from itertools import chain
 from typing import Any
 from uuid import UUID
@@ -57,7 +57,7 @@ from pyiceberg.utils.decimal import decimal_required_bytes, decimal_to_bytes
 from pyiceberg.utils.lazydict import LazyDict
 from pyiceberg.utils.schema_conversion import AvroSchemaConversion
 
-__all__ = ["write_manifest"]
+__all__ = ["ManifestEncoder"]
 
 _MAGIC = b"Obj\x01"
 _SYNC_SIZE = 16
@@ -98,58 +98,57 @@ class _Varints(dict[int, bytes]):
         return encoded
 
 
-def write_manifest(
-    output_file: OutputFile,
-    schema: Schema,
-    metadata: Mapping[str, str],
-    entries: Iterable[ManifestEntry],
-) -> None:
-    """Write ``entries`` as a manifest whose Avro schema is ``schema``.
+class ManifestEncoder:
+    """A manifest whose Avro schema is ``schema``, encoded an entry at a time: what it holds is
+    the encoded (and, by blocks, compressed) bytes, not the entries.
 
     ``metadata`` is the manifest writer's header metadata (``avro.codec`` in Iceberg's naming).
     Entries are laid out as pyiceberg's: v2 entries, with v3 data files for a v3 manifest.
     """
-    codec_name = metadata.get(AVRO_CODEC_KEY, TableProperties.WRITE_AVRO_COMPRESSION_DEFAULT)
-    codec_name = CODEC_MAPPING_ICEBERG_TO_AVRO.get(codec_name, codec_name)
-    if codec_name not in KNOWN_CODECS:
-        raise ValueError(f"Unsupported codec: {codec_name}")
-    codec = KNOWN_CODECS[codec_name]
-    avro_schema = AvroSchemaConversion().iceberg_to_avro(schema, schema_name="manifest_entry")
-    varint = _Varints()
-    write_entry = _struct_writer(schema.as_struct(), _record_struct(schema), varint)
 
-    sync = os.urandom(_SYNC_SIZE)
-    meta = {**metadata, "avro.schema": json.dumps(avro_schema), AVRO_CODEC_KEY: codec_name}
-    out = [_MAGIC, varint[len(meta)]]
-    for key, value in meta.items():
-        _write_bytes(out, key.encode(), varint)
-        _write_bytes(out, value.encode(), varint)
-    out += [_NULL, sync]
+    def __init__(self, schema: Schema, metadata: Mapping[str, str]) -> None:
+        codec_name = metadata.get(AVRO_CODEC_KEY, TableProperties.WRITE_AVRO_COMPRESSION_DEFAULT)
+        codec_name = CODEC_MAPPING_ICEBERG_TO_AVRO.get(codec_name, codec_name)
+        if codec_name not in KNOWN_CODECS:
+            raise ValueError(f"Unsupported codec: {codec_name}")
+        self._codec = KNOWN_CODECS[codec_name]
+        avro_schema = AvroSchemaConversion().iceberg_to_avro(schema, schema_name="manifest_entry")
+        self._varint = varint = _Varints()
+        self._write_entry = _struct_writer(schema.as_struct(), _record_struct(schema), varint)
+        self._sync = os.urandom(_SYNC_SIZE)
+        meta = {**metadata, "avro.schema": json.dumps(avro_schema), AVRO_CODEC_KEY: codec_name}
+        self._out = out = [_MAGIC, varint[len(meta)]]
+        for key, value in meta.items():
+            _write_bytes(out, key.encode(), varint)
+            _write_bytes(out, value.encode(), varint)
+        out += [_NULL, self._sync]
+        self._block: list[bytes] = []
+        self._size = 0
 
-    def write_block(encoded: list[bytes]) -> None:
-        data = b"".join(encoded)
-        if codec is not None:
-            data, _ = codec.compress(data)
-        out.append(varint[len(encoded)])
-        _write_bytes(out, data, varint)
-        out.append(sync)
-
-    block: list[bytes] = []
-    size = 0
-    for entry in entries:
+    def add(self, entry: ManifestEntry) -> None:
         parts: list[bytes] = []
-        write_entry(parts, entry)
+        self._write_entry(parts, entry)
         encoded = b"".join(parts)
-        block.append(encoded)
-        size += len(encoded)
-        if size >= _BLOCK_BYTES:
-            write_block(block)
-            block, size = [], 0
-    if block:
-        write_block(block)
+        self._block.append(encoded)
+        self._size += len(encoded)
+        if self._size >= _BLOCK_BYTES:
+            self._close_block()
 
-    with output_file.create(overwrite=True) as stream:
-        stream.write(b"".join(out))
+    def _close_block(self) -> None:
+        data = b"".join(self._block)
+        if self._codec is not None:
+            data, _ = self._codec.compress(data)
+        self._out.append(self._varint[len(self._block)])
+        _write_bytes(self._out, data, self._varint)
+        self._out.append(self._sync)
+        self._block, self._size = [], 0
+
+    def write(self, output_file: OutputFile) -> None:
+        """Write the manifest to ``output_file``."""
+        if self._block:
+            self._close_block()
+        with output_file.create(overwrite=True) as stream:
+            stream.write(b"".join(self._out))
 
 
 def _record_struct(schema: Schema) -> StructType:

@@ -5,7 +5,7 @@ position deletes, to write Parquet with Iceberg column statistics from a stream,
 delete files to data files. Everything compactor needs of that lives here, so that a pyiceberg
 upgrade touches this file alone.
 
-Importing it changes nothing in pyiceberg: the three fixes compactor needs of pyiceberg itself
+Importing it changes nothing in pyiceberg: the four fixes compactor needs of pyiceberg itself
 are applied by :func:`install`.
 """
 
@@ -16,7 +16,7 @@ import threading
 import uuid
 import warnings
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -99,7 +99,7 @@ from pyiceberg.types import (
 )
 
 from compactor.iceberg.interop import refuse_fixed_partitions
-from compactor.iceberg.manifest_avro import write_manifest
+from compactor.iceberg.manifest_avro import ManifestEncoder
 from compactor.iceberg.value_keys import partition_key
 
 __all__ = [
@@ -244,22 +244,34 @@ def _with_lineage(
     offset = 0
     for batch in batches:
         rows = batch.num_rows
-        row_id = batch.schema.get_field_index("_row_id")
-        sequence = batch.schema.get_field_index("_last_updated_sequence_number")
-        if first is None:
-            ids, sequences = pa.nulls(rows, pa.int64()), pa.nulls(rows, pa.int64())
-        else:
-            inherited = pa.array(range(first + offset, first + offset + rows), pa.int64())
-            ids = pc.coalesce(batch.column(row_id), inherited)
-            sequences = pc.coalesce(batch.column(sequence), pa.scalar(sequence_number, pa.int64()))
-        batch = batch.set_column(row_id, batch.schema.field(row_id), ids)
-        batch = batch.set_column(sequence, batch.schema.field(sequence), sequences)
+        batch = with_lineage(batch, first, offset, sequence_number)
         if positional_deletes:
             batch = batch.take(
                 _combine_positional_deletes(positional_deletes, offset, offset + rows)
             )
         offset += rows
         yield batch
+
+
+def with_lineage(
+    batch: pa.RecordBatch, first: int | None, start: int, sequence_number: int
+) -> pa.RecordBatch:
+    """``batch``, the rows from position ``start`` of a data file whose ``first_row_id`` is
+    ``first``, with each row's lineage (format v3): its ``_row_id`` and
+    ``_last_updated_sequence_number`` columns where set, else ``first`` + position and
+    ``sequence_number``; both null if ``first`` is None, as in Java. Deleted rows are dropped
+    after this, so that positions are the file's."""
+    rows = batch.num_rows
+    row_id = batch.schema.get_field_index("_row_id")
+    sequence = batch.schema.get_field_index("_last_updated_sequence_number")
+    if first is None:
+        ids, sequences = pa.nulls(rows, pa.int64()), pa.nulls(rows, pa.int64())
+    else:
+        inherited = pa.array(range(first + start, first + start + rows), pa.int64())
+        ids = pc.coalesce(batch.column(row_id), inherited)
+        sequences = pc.coalesce(batch.column(sequence), pa.scalar(sequence_number, pa.int64()))
+    batch = batch.set_column(row_id, batch.schema.field(row_id), ids)
+    return batch.set_column(sequence, batch.schema.field(sequence), sequences)
 
 
 def live_positions(deleted: list[pa.ChunkedArray], start: int, end: int) -> pa.Array:
@@ -475,28 +487,28 @@ def _spec_data_file_type(data_file: StructType) -> StructType:
 
 
 class _BufferedManifestFile(AvroOutputFile[ManifestEntry]):
-    """pyiceberg's ``AvroOutputFile`` for manifests, buffered: writes the entries on close.
+    """pyiceberg's ``AvroOutputFile`` for manifests, buffered: entries are encoded as they come
+    and the file is written on close.
 
-    :func:`write_manifest` encodes them many to a block (pyiceberg writes one block per entry,
-    through its slow generic Avro writers, which are therefore not built here). Nothing is
-    written when the ``with`` body raises.
+    :class:`ManifestEncoder` encodes them many to a block (pyiceberg writes one block per entry,
+    through its slow generic Avro writers, which are therefore not built here) and holds only
+    their bytes. Nothing is written when the ``with`` body raises.
     """
 
     def __init__(self, output_file: OutputFile, schema: Schema, metadata: dict[str, str]) -> None:
         self.output_file = output_file
-        self._schema = schema
-        self._metadata = metadata
-        self._entries: list[ManifestEntry] = []
+        self._encoder = ManifestEncoder(schema, metadata)
 
     def __enter__(self) -> _BufferedManifestFile:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
         if exc_type is None:
-            write_manifest(self.output_file, self._schema, self._metadata, self._entries)
+            self._encoder.write(self.output_file)
 
     def write_block(self, objects: list[ManifestEntry]) -> None:
-        self._entries.extend(objects)
+        for entry in objects:
+            self._encoder.add(entry)
 
 
 class _SpecSchemaMixin(ManifestWriter):
@@ -776,24 +788,33 @@ def manifest_entries(
         read_types={-1: ManifestEntry, 2: DataFile},
         read_enums={0: ManifestEntryStatus, 101: FileFormat, 134: DataFileContent},
     ) as reader:
-        return with_inherited_values(list(reader), manifest, discard_deleted)
+        return with_inherited_values(reader, manifest, discard_deleted)
 
 
 def with_inherited_values(
-    entries: list[ManifestEntry], manifest: ManifestFile, discard_deleted: bool = True
+    entries: Iterable[ManifestEntry], manifest: ManifestFile, discard_deleted: bool = True
 ) -> list[ManifestEntry]:
     """``entries`` as read from ``manifest``, with what they inherit from it filled in
     (snapshot id, sequence numbers, spec id; for v3, first row ids): see
-    :func:`manifest_entries`."""
-    entries = [_inherit_from_manifest(entry, manifest) for entry in entries]
+    :func:`manifest_entries`. DELETED entries are let go of as they come when
+    ``discard_deleted`` (a manifest can hold a hundred thousand, at ~10 KB each decoded)."""
     next_row_id = manifest_first_row_id(manifest)
-    if next_row_id is not None and manifest.content == ManifestContent.DATA:
-        for entry in entries:
-            data_file = entry.data_file
-            if data_file.content == DataFileContent.DATA and first_row_id(data_file) is None:
-                data_file[_FIRST_ROW_ID] = next_row_id
-                next_row_id += data_file.record_count
-    return [e for e in entries if not discard_deleted or e.status != ManifestEntryStatus.DELETED]
+    if manifest.content != ManifestContent.DATA:
+        next_row_id = None
+    kept = []
+    for read in entries:
+        entry = _inherit_from_manifest(read, manifest)
+        data_file = entry.data_file
+        if (
+            next_row_id is not None
+            and data_file.content == DataFileContent.DATA
+            and first_row_id(data_file) is None
+        ):
+            data_file[_FIRST_ROW_ID] = next_row_id
+            next_row_id += data_file.record_count
+        if not discard_deleted or entry.status != ManifestEntryStatus.DELETED:
+            kept.append(entry)
+    return kept
 
 
 class _V3Mixin(ManifestWriterV2):
@@ -947,8 +968,57 @@ def _read_double(self: DoubleReader, decoder: BinaryDecoder) -> float:
     return float(struct.unpack("<d", decoder.read(8))[0])
 
 
+_project_list = pyiceberg_pyarrow.ArrowProjectionVisitor.list
+_project_map = pyiceberg_pyarrow.ArrowProjectionVisitor.map
+
+
+def _with_nulls_of(source: pa.Array | None, projected: pa.Array | None) -> pa.Array | None:
+    """``projected`` with ``source``'s null lists or maps null again where the projection made
+    them empty (it rebuilds a list or map of structs from the offsets alone)."""
+    if (
+        source is None
+        or projected is None
+        or not source.null_count
+        or projected.null_count == source.null_count
+    ):
+        return projected
+    mask = source.is_null()
+    if isinstance(projected, pa.MapArray):
+        return pa.MapArray.from_arrays(
+            projected.offsets, projected.keys, projected.items, projected.type, mask=mask
+        )
+    assert isinstance(projected, (pa.ListArray, pa.LargeListArray)), projected.type
+    return type(projected).from_arrays(
+        projected.offsets, projected.values, projected.type, mask=mask
+    )
+
+
+def _list_keeping_nulls(
+    self: pyiceberg_pyarrow.ArrowProjectionVisitor,
+    list_type: ListType,
+    list_array: pa.Array | None,
+    value_array: pa.Array | None,
+) -> pa.Array | None:
+    """pyiceberg's projection of a list, a null list of structs kept null
+    (apache/iceberg-python#3833)."""
+    return _with_nulls_of(list_array, _project_list(self, list_type, list_array, value_array))
+
+
+def _map_keeping_nulls(
+    self: pyiceberg_pyarrow.ArrowProjectionVisitor,
+    map_type: MapType,
+    map_array: pa.Array | None,
+    key_result: pa.Array | None,
+    value_result: pa.Array | None,
+) -> pa.Array | None:
+    """pyiceberg's projection of a map, a null map of structs kept null
+    (apache/iceberg-python#3833)."""
+    projected = _project_map(self, map_type, map_array, key_result, value_result)
+    return _with_nulls_of(map_array, projected)
+
+
 def install() -> None:
-    """Apply compactor's three fixes to pyiceberg 0.12 in this process; again, it does nothing.
+    """Apply compactor's four fixes to pyiceberg 0.12 in this process; again, it does nothing.
 
     - **Page checksums**: pyiceberg's Parquet reads (its ``_get_file_format``) verify page
       checksums where a file has them (:data:`VERIFY_PAGE_CHECKSUMS`), so that damage that
@@ -963,6 +1033,9 @@ def install() -> None:
       0.10000000149011612) would be written back changed into every manifest compactor
       rewrites, and Iceberg Java takes such column values from the manifest. Doubles are read
       as the 8 bytes they are.
+    - **Null lists and maps**: pyiceberg's projection of a file's rows rebuilds a list or map of
+      structs from its offsets and loses its null mask, so a null ``list<struct>`` or
+      ``map<_, struct>`` would be rewritten as an empty one. The mask is put back.
 
     Nothing is patched on import: the library's actions (:mod:`compactor.api`, which the CLI
     and the daemon call) and :func:`~compactor.rewrite.task_runner.run_task` (which executors
@@ -979,4 +1052,7 @@ def install() -> None:
         pyiceberg_pyarrow._get_file_format = _verifying_file_format  # type: ignore[assignment]
         TableMetadataV3.model_dump_json = _dump_v3_metadata  # type: ignore[method-assign]
         DoubleReader.read = _read_double  # type: ignore[method-assign]
+        visitor = pyiceberg_pyarrow.ArrowProjectionVisitor
+        visitor.list = _list_keeping_nulls  # type: ignore[method-assign]
+        visitor.map = _map_keeping_nulls  # type: ignore[method-assign]
         _installed = True

@@ -89,9 +89,14 @@ class Fences:
         if not self.owners:
             return None
         try:
-            key = location_key(location)
+            return self.owner_of(location_key(location))
         except UnsafePathError:
             return None  # odd locations are refused anyway
+
+    def owner_of(self, key: str) -> str | None:
+        """The table whose fenced directory holds the file of location key ``key``, or None."""
+        if not self.owners:
+            return None
         scheme, _, rest = key.partition("://")
         authority, _, path = rest.partition("/")
         parts = path.split("/")
@@ -208,14 +213,11 @@ def other_tables_fences(
     return fences
 
 
-def tables_in_listing(table: Table, locations: Iterable[str], fences: Fences) -> None:
-    """Fence off directories of a listing that hold ``metadata/*.metadata.json`` (not ours)."""
+def tables_in_listing(table: Table, keys: Iterable[str], fences: Fences) -> None:
+    """Fence off directories of a listing (its files' location keys) that hold
+    ``metadata/*.metadata.json`` (not ours)."""
     own = location_key(table.metadata.location).rstrip("/")
-    for location in locations:
-        try:
-            key = location_key(location)
-        except UnsafePathError:
-            continue
+    for key in keys:
         directory, _, name = key.rpartition("/")
         root, _, leaf = directory.rpartition("/")
         if leaf == "metadata" and name.endswith(".metadata.json") and root.startswith(own + "/"):

@@ -93,13 +93,6 @@ class OrphanScan:
     open_uploads: list[OpenUpload] = field(default_factory=list)
 
 
-def _kind(location: str, table_location: str) -> str:
-    inside_metadata = location_key(location).startswith(
-        location_key(table_location.rstrip("/") + "/metadata") + "/"
-    )
-    return ORPHAN_METADATA if inside_metadata else ORPHAN_DATA
-
-
 def sweep_root(table: Table, identifier: str, location: str | None) -> str:
     """Where a sweep lists: the table's location, or ``location`` (Spark's ``location``) when
     it is a sub-path of it, given in full or relative to the table's location."""
@@ -131,20 +124,25 @@ def find_orphans(
 
 
 class _SpilledListing:
-    """A storage listing written to ``spill`` (a temporary file), not held in memory;
-    iterated as often as needed."""
+    """A storage listing written to ``spill`` (a temporary file), not held in memory, with each
+    file's location key (None for a location that has none); iterated as often as needed."""
 
     def __init__(self, spill: IO[str], files: Iterable[StoredFile]) -> None:
         self._file = spill
         self.count = 0
         for f in files:
-            self._file.write(json.dumps([f.location, f.size, f.mtime_ms, f.symlink]) + "\n")
+            try:
+                key: str | None = location_key(f.location)
+            except UnsafePathError:
+                key = None
+            self._file.write(json.dumps([f.location, f.size, f.mtime_ms, f.symlink, key]) + "\n")
             self.count += 1
 
-    def __iter__(self) -> Iterator[StoredFile]:
+    def __iter__(self) -> Iterator[tuple[StoredFile, str | None]]:
         self._file.seek(0)
         for line in self._file:
-            yield StoredFile(*json.loads(line))
+            *stored, key = json.loads(line)
+            yield StoredFile(*stored), key
 
 
 def _compare(
@@ -159,18 +157,15 @@ def _compare(
     identifier = ".".join(table.name())
     check_gc_enabled(table, identifier, REMOVE_ORPHANS)
     fences = other_tables_fences(catalog or table.catalog, table, identifier, sweep=True)
-    tables_in_listing(table, (stored.location for stored in listing), fences)
-    referenced = referenced_keys(table) | _protected_metadata(table)
+    tables_in_listing(table, (key for _, key in listing if key is not None), fences)
+    referenced = referenced_keys(table, also=_protected_metadata(table))
+    inside = location_key(table.metadata.location).rstrip("/") + "/"
+    metadata = inside + "metadata/"
     scan = OrphanScan(listed=listing.count)
-    for stored in listing:
-        try:
-            key = location_key(stored.location)
-        except UnsafePathError:
+    for stored, key in listing:
+        if key is None or stored.symlink or not key.startswith(inside):
             scan.refused.append(stored.location)
-            continue
-        if stored.symlink or not is_within(stored.location, table.metadata.location):
-            scan.refused.append(stored.location)
-        elif (owner := fences.owner(stored.location)) is not None:
+        elif (owner := fences.owner_of(key)) is not None:
             scan.other_tables[owner] += 1
         elif key in referenced:
             continue
@@ -179,7 +174,7 @@ def _compare(
         elif stored.mtime_ms >= cutoff_ms:
             scan.too_young += 1
         else:
-            kind = _kind(stored.location, table.metadata.location)
+            kind = ORPHAN_METADATA if key.startswith(metadata) else ORPHAN_DATA
             scan.orphans.append(FileRef(stored.location, kind, stored.size))
     for upload in list_open_uploads(table.io, root):
         if (

@@ -5,15 +5,21 @@ For those, the Iceberg read path's per-file set-up in Python (schema conversion,
 projection: tens of milliseconds per file, holding the GIL) is pure overhead: pyarrow's
 dataset scanner reads them in parallel in C++ instead.
 
-A file takes this path when nothing about its rows needs more of Iceberg's read rules than a
-scan can carry out: a small Parquet file of a format 1 or 2 table (v3 rows take their lineage
-from their positions), no equality delete applies to it (its position deletes are dropped from
-the scanned batches by position), the table's columns are top-level primitives, and its schema
-has a :class:`~compactor.rewrite.file_projection.Projection`:
-its columns resolved to field ids (its own, or the table's name mapping's for files imported
-without them), renamed, widened by the spec's type promotions, and the columns it lacks filled
-with their identity partition value or null. Every other file goes through the Iceberg read
-path, file by file.
+A file takes this path when:
+
+- it is a Parquet file small enough that FILES_IN_BUDGET of it fit the read-ahead, and the
+  FileIO is pyiceberg's pyarrow one;
+- no equality delete applies to it (its position deletes and deletion vectors are dropped from
+  the scanned batches by position);
+- its schema has a :class:`~compactor.rewrite.file_projection.Projection`: its fields, top-level
+  and nested (struct, list, map) alike, resolved to field ids (its own, or the table's name
+  mapping's for files imported without them), renamed, widened by the spec's type promotions,
+  and the fields it lacks filled with their identity partition value (top-level columns) or
+  null.
+
+Of a format 3 table, each row's lineage is worked out as the Iceberg read path works it out,
+from the file's ``first_row_id`` and the row's position in the file, before deleted rows are
+dropped. Every other file goes through the Iceberg read path, file by file.
 """
 
 from __future__ import annotations
@@ -33,7 +39,13 @@ from pyiceberg.manifest import DataFileContent, FileFormat
 from pyiceberg.table.metadata import TableMetadata
 
 from compactor.errors import DataFileError, file_error, first_line
-from compactor.iceberg.pyiceberg_compat import VERIFY_PAGE_CHECKSUMS, live_positions
+from compactor.iceberg.pyiceberg_compat import (
+    VERIFY_PAGE_CHECKSUMS,
+    first_row_id,
+    live_positions,
+    read_schema,
+    with_lineage,
+)
 from compactor.rewrite.file_projection import FIELD_ID as FIELD_ID
 from compactor.rewrite.file_projection import Projection, Resolver, fill
 from compactor.rewrite.phase_times import carried, phase, timed
@@ -61,6 +73,7 @@ FORMAT = ds.ParquetFileFormat(**VERIFY_PAGE_CHECKSUMS)
 class _Scannable:
     """A candidate file as a scanner fragment, with how it is read."""
 
+    source: TaskInput
     fragment: ds.ParquetFileFragment
     projection: Projection
     constants: dict[int, pa.Scalar]
@@ -121,17 +134,13 @@ class BulkRead:
         self._expected, self._read_ahead = expected, read_ahead
         self._resolver = Resolver(
             expected,
-            metadata.schema(),
+            read_schema(metadata),
             metadata.specs(),
             metadata.name_mapping(),
             metadata.format_version,
         )
-        self._enabled = (
-            enabled
-            and isinstance(io, PyArrowFileIO)
-            and metadata.format_version <= 2
-            and not any(pa.types.is_nested(f.type) for f in expected)
-        )
+        self._enabled = enabled and isinstance(io, PyArrowFileIO)
+        self._lineage = metadata.format_version >= 3
 
     def _candidate(self, f: TaskInput) -> bool:
         return self._enabled and _plain(f) and f.size * FILES_IN_BUDGET <= self._read_ahead
@@ -158,7 +167,7 @@ class BulkRead:
             constants = projection.constants(f.data_file, self._expected)
             if constants is None:
                 return None
-            return _Scannable(fragment, projection, constants, self._positions.get(f.path))
+            return _Scannable(f, fragment, projection, constants, self._positions.get(f.path))
 
     def items(self) -> Iterator[Item]:
         """The inputs' batches and markers, in plan order.
@@ -240,7 +249,7 @@ class BulkRead:
             use_threads=False,
         )
         as_scanned = projection.scan.equals(self._expected, check_metadata=True)
-        if as_scanned and not any(f.deleted for f in files):
+        if as_scanned and not self._lineage and not any(f.deleted for f in files):
             yield from scanner.to_batches()
             return
         by_path = {f.fragment.path: f for f in files}
@@ -250,11 +259,17 @@ class BulkRead:
             one = by_path[path]
             start = offsets[path]
             offsets[path] += batch.num_rows
+            if not as_scanned:
+                batch = fill(batch, one.constants, self._expected)
+            if self._lineage:
+                source = one.source
+                first = first_row_id(source.data_file)
+                batch = with_lineage(batch, first, start, source.lineage_sequence_number)
             if one.deleted:
                 batch = batch.take(live_positions(one.deleted, start, start + batch.num_rows))
                 if not batch.num_rows:
                     continue
-            yield batch if as_scanned else fill(batch, one.constants, self._expected)
+            yield batch
 
 
 def _culprit(files: list[TaskInput], scanned: list[_Scannable], exc: Exception) -> DataFileError:

@@ -18,52 +18,18 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from pyiceberg.io import (
-    AWS_ACCESS_KEY_ID,
-    AWS_REGION,
-    AWS_SECRET_ACCESS_KEY,
-    AWS_SESSION_TOKEN,
-    S3_ACCESS_KEY_ID,
-    S3_ENDPOINT,
-    S3_REGION,
-    S3_SECRET_ACCESS_KEY,
-    S3_SESSION_TOKEN,
-    FileIO,
-)
-from pyiceberg.utils.properties import get_first_property_value
+from pyiceberg.io import FileIO
+
+from compactor.storage.s3_client import S3_SCHEMES, s3_client
 
 log = logging.getLogger(__name__)
 
 DELETE_THREADS = 8
 S3_BATCH = 1000
-S3_SCHEMES = {"s3", "s3a", "s3n"}
 # Per-key DeleteObjects error codes worth another request; any other code is final.
 TRANSIENT_KEY_ERRORS = {"SlowDown", "InternalError", "ServiceUnavailable", "RequestTimeout"}
 KEY_RETRIES = 2  # further requests for keys that failed transiently
 KEY_RETRY_BASE_S = 0.2  # full-jitter backoff: up to 0.2 s, then up to 0.4 s
-
-
-def _s3_client(io: FileIO) -> Any | None:
-    """A boto3 S3 client configured like the table's FileIO, or None without boto3.
-
-    Credentials and region are looked up as pyiceberg's S3 FileIO does: ``s3.*`` first, then
-    the ``client.*`` properties shared by all AWS clients.
-    """
-    try:
-        import boto3
-    except ImportError:
-        return None
-    props = io.properties
-    return boto3.client(
-        "s3",
-        endpoint_url=props.get(S3_ENDPOINT),
-        aws_access_key_id=get_first_property_value(props, S3_ACCESS_KEY_ID, AWS_ACCESS_KEY_ID),
-        aws_secret_access_key=get_first_property_value(
-            props, S3_SECRET_ACCESS_KEY, AWS_SECRET_ACCESS_KEY
-        ),
-        aws_session_token=get_first_property_value(props, S3_SESSION_TOKEN, AWS_SESSION_TOKEN),
-        region_name=get_first_property_value(props, S3_REGION, AWS_REGION),
-    )
 
 
 def _delete_one(io: FileIO, path: str) -> str | None:
@@ -146,7 +112,7 @@ def delete_files(io: FileIO, paths: list[str], workers: int = DELETE_THREADS) ->
     others: list[str] = []
     client = None
     if any(urlsplit(p).scheme in S3_SCHEMES for p in paths):
-        client = _s3_client(io)
+        client = s3_client(io)
     for path in paths:
         parts = urlsplit(path)
         if client is not None and parts.scheme in S3_SCHEMES:
@@ -184,7 +150,7 @@ def list_open_uploads(io: FileIO, root: str) -> list[OpenUpload]:
     parts = urlsplit(root)
     if parts.scheme not in S3_SCHEMES:
         return []
-    client = _s3_client(io)
+    client = s3_client(io)
     if client is None:
         return []
     prefix = parts.path.strip("/") + "/"
@@ -207,7 +173,7 @@ def abort_uploads(io: FileIO, uploads: list[OpenUpload]) -> list[OpenUpload]:
     """Abort ``uploads`` (their parts are deleted); returns those that could not be aborted."""
     if not uploads:
         return []
-    client = _s3_client(io)
+    client = s3_client(io)
     if client is None:
         return list(uploads)
     failed: list[OpenUpload] = []

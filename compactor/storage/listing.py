@@ -6,12 +6,14 @@ import os
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from pyarrow.fs import FileInfo, FileSelector, FileType
 from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import PyArrowFileIO
 
 from compactor.errors import UnsupportedTableError
+from compactor.storage.s3_client import S3_SCHEMES, s3_client
 
 
 @dataclass(frozen=True)
@@ -25,16 +27,38 @@ class StoredFile:
 
 
 def _list_local(root: str) -> Iterator[StoredFile]:
-    for directory, subdirs, files in os.walk(root, followlinks=False):
-        regular = set(files)  # a directory of a million files: no list search per file
-        for name in files + subdirs:
-            path = os.path.join(directory, name)
-            info = os.lstat(path)
-            is_link = stat.S_ISLNK(info.st_mode)
-            if is_link or (name in regular and stat.S_ISREG(info.st_mode)):
-                yield StoredFile(
-                    f"file://{path}", info.st_size, int(info.st_mtime * 1000), symlink=is_link
-                )
+    """Regular files and symlinks under ``root``, a directory at a time: a directory of a million
+    files streams through without its names held in a list."""
+    pending = [root]
+    while pending:
+        try:
+            entries = os.scandir(pending.pop())
+        except OSError:
+            continue  # gone, or not ours to read: nothing listed there is deleted
+        with entries:
+            for entry in entries:
+                if entry.is_symlink() or entry.is_file(follow_symlinks=False):
+                    info = entry.stat(follow_symlinks=False)
+                    yield StoredFile(
+                        f"file://{entry.path}",
+                        info.st_size,
+                        int(info.st_mtime * 1000),
+                        symlink=stat.S_ISLNK(info.st_mode),
+                    )
+                elif entry.is_dir(follow_symlinks=False):
+                    pending.append(entry.path)
+
+
+def _list_s3(client: Any, scheme: str, bucket: str, path: str) -> Iterator[StoredFile]:
+    """Objects under ``path`` (``bucket/key prefix``), a page of ListObjectsV2 at a time
+    (pyarrow's listing returns every object's info at once: about 300 bytes each)."""
+    prefix = path.removeprefix(bucket).strip("/") + "/"
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for item in page.get("Contents", []):
+            key = item["Key"]
+            if not key.endswith("/"):  # a directory marker, not a file
+                modified = int(item["LastModified"].timestamp() * 1000)
+                yield StoredFile(f"{scheme}://{bucket}/{key}", item["Size"], modified)
 
 
 def _listing(
@@ -78,6 +102,11 @@ def list_files(io: FileIO, root: str) -> Iterator[StoredFile]:
     if scheme == "file":
         yield from _list_local(path)
         return
+    if scheme in S3_SCHEMES and isinstance(io, PyArrowFileIO):
+        client = s3_client(io)
+        if client is not None:
+            yield from _list_s3(client, scheme, netloc, path)
+            return
     for info in _listing(io, root, scheme, netloc, path, recursive=True):
         if info.type == FileType.File:
             mtime = info.mtime.timestamp() if info.mtime is not None else 0.0

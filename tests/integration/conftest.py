@@ -1,6 +1,8 @@
-"""Fixtures of the integration tests: both read paths of a compaction."""
+"""Fixtures of the integration tests: both read paths of a compaction, both kinds of data file."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import pytest
 
@@ -16,3 +18,23 @@ def read_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
 
     monkeypatch.setitem(DEFAULT_OPTIONS, "bulk_read", request.param == "bulk")
     return str(request.param)
+
+
+@pytest.fixture(params=["field_ids", "imported"])
+def file_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Build the test's tables from files with Iceberg field ids (pyiceberg's append), then from
+    files without them, as a migration imports them (``add_files``): read through the table's
+    name mapping.
+
+    Row tests that must hold on both kinds of file use it (``pytest.mark.usefixtures``, or
+    parametrized ``indirect`` to pair the imported kind with some of their cases only) and
+    append their rows with :func:`support.tables.append_rows`; an imported variant fails unless
+    it imported files.
+    """
+    from support import tables
+
+    appends = tables.Appends(kind=request.param)
+    monkeypatch.setattr(tables, "APPENDS", appends)
+    yield str(request.param)
+    if request.param == tables.IMPORTED:
+        assert appends.imported, "no file was imported: the variant tested files with field ids"

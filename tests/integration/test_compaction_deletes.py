@@ -6,13 +6,14 @@ from collections.abc import Iterable
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pytest
 from pyiceberg.catalog import Catalog
 from pyiceberg.manifest import DataFile, ManifestEntryStatus
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation
 
 import compactor
-from compactor.bench.sample import create_events_table, events_batch
+from compactor.bench.sample import events_batch
 
 from support.deletes import (
     commit_delete_files,
@@ -23,6 +24,8 @@ from support.java_reader import assert_java_reads_same
 from support.rows import assert_same_rows, scan_rows
 from support.runs import compact_and_verify, run_compaction
 from support.tables import (
+    append_rows,
+    events_table,
     live_data_files,
     live_delete_files,
     live_entries,
@@ -32,7 +35,7 @@ from support.tables import (
 
 
 def _events(catalog: Catalog, commits: int = 4) -> Table:
-    return create_events_table(
+    return events_table(
         catalog,
         "db.ev",
         commits=commits,
@@ -69,6 +72,7 @@ def test_position_delete_helper_hides_rows(catalog: Catalog) -> None:
     assert set(live_delete_files(table)) == {delete_file.file_path}
 
 
+@pytest.mark.usefixtures("file_kind")
 def test_position_deletes_applied_and_retired(catalog: Catalog) -> None:
     table = _events(catalog)
     eu, us, ap = (_region_files(table, r) for r in ("eu", "us", "ap"))
@@ -117,6 +121,7 @@ def test_position_deletes_applied_and_retired(catalog: Catalog) -> None:
     assert props["total-position-deletes"] == "0"
 
 
+@pytest.mark.usefixtures("file_kind")
 def test_position_deletes_outside_where_are_kept(catalog: Catalog) -> None:
     """A delete file whose data files are not rewritten stays, and its rows stay deleted."""
     table = _events(catalog)
@@ -139,6 +144,7 @@ def _stored_rows(table: Table, files: Iterable[DataFile]) -> pa.Table:
     return pa.concat_tables(read_data_file(table, f) for f in files)
 
 
+@pytest.mark.usefixtures("file_kind")
 def test_equality_deletes_are_applied_and_retired(catalog: Catalog, java_reader: object) -> None:
     """Rows an equality delete names leave the rewritten files, and so does the delete file.
 
@@ -163,7 +169,7 @@ def test_equality_deletes_are_applied_and_retired(catalog: Catalog, java_reader:
         rows = events_batch(commit, 400, 1).to_pylist()
         if commit == 4:
             next(r for r in rows if r["region"] == "eu")["event_id"] = victims[0]
-        table.append(pa.Table.from_pylist(rows, table.schema().as_arrow()))
+        append_rows(table, pa.Table.from_pylist(rows, table.schema().as_arrow()))
     table = catalog.load_table("db.ev")
     newer = [f for f in live_data_files(table).values() if f not in older]
     stored = _stored_rows(table, older)
@@ -187,6 +193,7 @@ def test_equality_deletes_are_applied_and_retired(catalog: Catalog, java_reader:
     )
 
 
+@pytest.mark.usefixtures("file_kind")
 def test_delete_file_spanning_two_commits_is_retired_by_the_second(catalog: Catalog) -> None:
     """Partial progress: the data files of one delete file land in groups committed apart."""
     table = _events(catalog)

@@ -9,11 +9,10 @@ import pytest
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 
-from compactor.bench.sample import create_events_table
-
 from support.rows import assert_same_rows, scan_rows
 from support.runs import compact_and_verify, run_compaction
 from support.tables import (
+    events_table,
     list_files,
     live_data_files,
     live_entries,
@@ -24,7 +23,7 @@ from support.tables import (
 
 
 def _events(catalog: Catalog, *, format_version: str = "2", commits: int = 5) -> Table:
-    return create_events_table(
+    return events_table(
         catalog,
         "db.ev",
         commits=commits,
@@ -34,6 +33,7 @@ def _events(catalog: Catalog, *, format_version: str = "2", commits: int = 5) ->
     )
 
 
+@pytest.mark.usefixtures("file_kind")
 @pytest.mark.parametrize("format_version", ["1", "2"])
 def test_format_versions(catalog: Catalog, format_version: str) -> None:
     table = _events(catalog, format_version=format_version)
@@ -88,6 +88,7 @@ def test_second_run_is_a_noop(catalog: Catalog) -> None:
     assert again.metadata.current_snapshot_id == head
 
 
+@pytest.mark.usefixtures("file_kind")
 def test_where_restricts_partitions(catalog: Catalog) -> None:
     table = _events(catalog)
     files_before = live_data_files(table)

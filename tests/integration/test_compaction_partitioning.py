@@ -20,14 +20,18 @@ from pyiceberg.types import DoubleType, LongType, NestedField, StringType, Times
 
 from support.runs import compact_and_verify
 from support.tables import (
+    FIELD_IDS,
+    IMPORTED,
+    append_rows,
     assert_rows_match_partition,
     files_by_partition,
     live_data_files,
     new_data_files,
 )
 
-# Every row test here runs with bulk reading on and off.
-pytestmark = pytest.mark.usefixtures("read_path")
+# Every row test here runs with bulk reading on and off, on files with field ids and, for a few
+# of its cases, on imported files without them.
+pytestmark = pytest.mark.usefixtures("read_path", "file_kind")
 
 SCHEMA = Schema(
     NestedField(1, "id", LongType(), required=True),
@@ -81,11 +85,21 @@ SPECS = {
 }
 
 
-@pytest.mark.parametrize("spec_name", list(SPECS))
+# Imported files on a few specs: one add_files registers by its column bounds (day), one by
+# where the file is (bucket), and no partition at all.
+IMPORTED_SPECS = ("unpartitioned", "day", "identity+bucket")
+
+
+@pytest.mark.parametrize(
+    ("spec_name", "file_kind"),
+    [pytest.param(name, FIELD_IDS, id=name) for name in SPECS]
+    + [pytest.param(name, IMPORTED, id=f"{name}-imported") for name in IMPORTED_SPECS],
+    indirect=["file_kind"],
+)
 def test_partition_transforms(catalog: Catalog, spec_name: str) -> None:
     table = catalog.create_table("db.t", SCHEMA, partition_spec=SPECS[spec_name])
     for commit in range(APPENDS):
-        table.append(batch(commit))
+        append_rows(table, batch(commit))
     before = catalog.load_table("db.t")
     partitions_before = files_by_partition(before)
     assert max(partitions_before.values()) == APPENDS  # every partition is fragmented
@@ -101,7 +115,15 @@ def test_partition_transforms(catalog: Catalog, spec_name: str) -> None:
         assert_rows_match_partition(after, data_file)
 
 
-@pytest.mark.parametrize("format_version", ["1", "2"])
+@pytest.mark.parametrize(
+    ("format_version", "file_kind"),
+    [
+        pytest.param("1", FIELD_IDS, id="1"),
+        pytest.param("2", FIELD_IDS, id="2"),
+        pytest.param("2", IMPORTED, id="2-imported"),
+    ],
+    indirect=["file_kind"],
+)
 def test_partition_spec_evolution(catalog: Catalog, format_version: str) -> None:
     """Files written under four specs: each is compacted within its own spec and partition.
 
@@ -113,7 +135,7 @@ def test_partition_spec_evolution(catalog: Catalog, format_version: str) -> None
     def append(times: int) -> None:
         nonlocal commit
         for _ in range(times):
-            table.append(batch(commit, 200))
+            append_rows(table, batch(commit, 200))
             commit += 1
 
     append(3)  # spec 0: unpartitioned

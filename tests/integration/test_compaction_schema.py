@@ -24,7 +24,14 @@ from pyiceberg.types import (
 
 from support.rows import scan_rows
 from support.runs import compact_and_verify
-from support.tables import live_data_files, new_data_files, read_data_file
+from support.tables import (
+    FIELD_IDS,
+    IMPORTED,
+    append_rows,
+    live_data_files,
+    new_data_files,
+    read_data_file,
+)
 
 # Every row test here runs with bulk reading on and off.
 pytestmark = pytest.mark.usefixtures("read_path")
@@ -47,10 +54,16 @@ def _append(table: Table, start: int, rows: int = 150) -> None:
             else:
                 values.append(None if i % 13 == 0 else f"{field.name}-{i}")
         columns[field.name] = values
-    table.append(pa.table(columns, schema=table.schema().as_arrow()))
+    append_rows(table, pa.table(columns, schema=table.schema().as_arrow()))
 
 
-@pytest.mark.parametrize("partitioned", [False, True], ids=["unpartitioned", "identity"])
+@pytest.mark.usefixtures("file_kind")
+@pytest.mark.parametrize(
+    ("partitioned", "file_kind"),
+    [(False, FIELD_IDS), (True, FIELD_IDS), (True, IMPORTED)],
+    ids=["unpartitioned", "identity", "identity-imported"],
+    indirect=["file_kind"],
+)
 def test_files_of_older_schemas(catalog: Catalog, partitioned: bool) -> None:
     schema = Schema(
         NestedField(1, "id", IntegerType(), required=True),

@@ -39,7 +39,7 @@ from pyiceberg.types import (
 
 from support.rows import assert_same_rows, row_multiset, scan_rows
 from support.runs import DEFAULT_OPTIONS, compact_and_verify, run_compaction
-from support.tables import new_data_files, read_data_file
+from support.tables import append_rows, new_data_files, read_data_file
 
 # Every row test here runs with bulk reading on and off.
 pytestmark = pytest.mark.usefixtures("read_path")
@@ -134,9 +134,12 @@ def types_batch(arrow: pa.Schema, start: int, rows: int) -> pa.Table:
 def _build(catalog: Catalog) -> None:
     table = catalog.create_table("db.types", SCHEMA)
     for n in range(APPENDS):
-        table.append(types_batch(table.schema().as_arrow(), n * ROWS_PER_APPEND, ROWS_PER_APPEND))
+        append_rows(
+            table, types_batch(table.schema().as_arrow(), n * ROWS_PER_APPEND, ROWS_PER_APPEND)
+        )
 
 
+@pytest.mark.usefixtures("file_kind")
 def test_all_types_round_trip(catalog: Catalog) -> None:
     _build(catalog)
     before = catalog.load_table("db.types")

@@ -56,7 +56,14 @@ from support.deletes import (
 )
 from support.java_reader import JavaReader, assert_java_reads_same, java_read
 from support.runs import compact_and_verify, run_compaction
-from support.tables import assert_rows_match_partition, live_data_files, live_delete_files
+from support.tables import (
+    FIELD_IDS,
+    IMPORTED,
+    append_rows,
+    assert_rows_match_partition,
+    live_data_files,
+    live_delete_files,
+)
 
 SCHEMA = Schema(
     NestedField(1, "id", LongType(), required=False),
@@ -185,24 +192,26 @@ def test_canonical_arrays_fold_nans_and_keep_signed_zeros_and_nulls(
 # --------------------------------------------------------------------------------------------
 
 
-def _nan_table(catalog: Catalog, files: int = 3) -> Table:
-    """``files`` files of 10 rows in partition x = NaN, 2 files in x = 1.0."""
+def _nan_table(catalog: Catalog, files: int = 3, kind: str = FIELD_IDS) -> Table:
+    """``files`` files of 10 rows in partition x = NaN, 2 files in x = 1.0; of ``kind``."""
     table = catalog.create_table(
         TABLE, SCHEMA, partition_spec=BY_X, properties={"format-version": "2"}
     )
-    for number in range(files):
-        append_file(table, rows(10 * number, [math.nan] * 10), math.nan)
-    for number in range(files, files + 2):
-        append_file(table, rows(10 * number, [1.0] * 10), 1.0)
+    for number in range(files + 2):
+        x = math.nan if number < files else 1.0
+        if kind == IMPORTED:
+            append_rows(table, rows(10 * number, [x] * 10))
+        else:
+            append_file(table, rows(10 * number, [x] * 10), x)
     return catalog.load_table(TABLE)
 
 
 def test_deletes_in_a_nan_partition_are_applied_not_dropped(
-    catalog: Catalog, java_reader: JavaReader
+    catalog: Catalog, java_reader: JavaReader, file_kind: str
 ) -> None:
     """A partition-scoped position delete (naming two files, as Spark writes them) and an
     equality delete in partition x = NaN: applied by the rewrite, their rows stay deleted."""
-    table = _nan_table(catalog)
+    table = _nan_table(catalog, kind=file_kind)
     first, second, third = nan_files(table)
     position = write_position_delete_file(table, {first: [2], second: [3, 4]})
     equality = write_equality_delete_file(
@@ -243,8 +252,8 @@ def test_rewrite_deletes_merges_the_position_deletes_of_a_nan_partition(
     assert java_rows(after, after.current_snapshot().snapshot_id) == before
 
 
-def test_several_files_of_a_nan_partition_are_compacted(catalog: Catalog) -> None:
-    _nan_table(catalog, files=4)
+def test_several_files_of_a_nan_partition_are_compacted(catalog: Catalog, file_kind: str) -> None:
+    _nan_table(catalog, files=4, kind=file_kind)
 
     _, after, _ = compact_and_verify(catalog, TABLE)
 
@@ -257,6 +266,7 @@ def test_several_files_of_a_nan_partition_are_compacted(catalog: Catalog) -> Non
 # --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("file_kind")
 def test_an_equality_delete_of_nan_matches_nan_of_any_payload(
     catalog: Catalog, java_reader: JavaReader
 ) -> None:
@@ -267,7 +277,8 @@ def test_an_equality_delete_of_nan_matches_nan_of_any_payload(
     xs, ys = [math.nan, 1.0, -0.0, 0.0], [1.0, math.nan, 2.0, 3.0]
     for commit in range(2):
         ids = range(20 * commit, 20 * commit + 20)
-        table.append(
+        append_rows(
+            table,
             pa.table(
                 {
                     "id": pa.array(ids, pa.int64()),
@@ -275,7 +286,7 @@ def test_an_equality_delete_of_nan_matches_nan_of_any_payload(
                     "y": pa.array([ys[i % 4] for i in ids], pa.float32()),
                 },
                 schema=schema.as_arrow(),
-            )
+            ),
         )
     data_file = next(iter(live_data_files(table).values()))
     with table.io.new_input(data_file.file_path).open() as stream:
@@ -312,12 +323,13 @@ def _unpartitioned_then_by_x(catalog: Catalog, batches: list[pa.Table]) -> Table
     """Files of spec 0 (unpartitioned), then the spec becomes identity(x) (spec 1)."""
     table = catalog.create_table(TABLE, SCHEMA, properties={"format-version": "2"})
     for batch in batches:
-        table.append(batch)
+        append_rows(table, batch)
     with table.update_spec() as update:
         update.add_identity("x")
     return catalog.load_table(TABLE)
 
 
+@pytest.mark.usefixtures("file_kind")
 def test_output_spec_files_zero_under_zero_and_negative_zero_under_negative_zero(
     catalog: Catalog, java_reader: JavaReader
 ) -> None:
@@ -340,6 +352,7 @@ def test_output_spec_files_zero_under_zero_and_negative_zero_under_negative_zero
     assert_java_reads_same(after, snapshot_ids=[current, table.current_snapshot().snapshot_id])
 
 
+@pytest.mark.usefixtures("file_kind")
 def test_output_spec_writes_one_file_per_nan_partition(
     catalog: Catalog, java_reader: JavaReader
 ) -> None:
@@ -415,6 +428,7 @@ def test_a_concurrent_equality_delete_in_a_nan_partition_refuses_the_move(
     assert java_rows(after, current).total() == 40 - 1
 
 
+@pytest.mark.usefixtures("file_kind")
 def test_double_partition_values_keep_every_bit_through_a_rewrite(
     catalog: Catalog, java_reader: JavaReader
 ) -> None:
@@ -429,7 +443,7 @@ def test_double_partition_values_keep_every_bit_through_a_rewrite(
     values = [0.1, 1.7976931348623157e308, 5e-324, -2.5]
     for start in (0, 10):
         ids = list(range(start, start + len(values)))
-        table.append(pa.table({"id": ids, "x": values}, schema.as_arrow()))
+        append_rows(table, pa.table({"id": ids, "x": values}, schema.as_arrow()))
     before = java_read(table).rows()
 
     result, after = run_compaction(catalog, "db.doubles", rewrite_all=True)

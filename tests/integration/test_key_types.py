@@ -37,6 +37,7 @@ from support.deletes import commit_delete_files, write_equality_delete_file
 from support.java_reader import java_read
 from support.runs import compact_and_verify, run_compaction
 from support.tables import (
+    append_rows,
     assert_rows_match_partition,
     live_data_files,
     live_delete_files,
@@ -70,7 +71,7 @@ def _create(catalog: Catalog, *columns: tuple[str, IcebergType]) -> Table:
 
 
 def _append(table: Table, rows: list[dict[str, Any]]) -> Table:
-    table.append(pa.Table.from_pylist(rows, table.schema().as_arrow()))
+    append_rows(table, pa.Table.from_pylist(rows, table.schema().as_arrow()))
     return table.refresh()
 
 
@@ -84,6 +85,7 @@ def _assert_java_reads_the_same_rows(table: Table, before_id: int) -> int:
     return before.row_count
 
 
+@pytest.mark.usefixtures("file_kind")
 @pytest.mark.parametrize("kind", list(KEY_TYPES))
 def test_equality_deletes_on_each_key_type_null_keys_included(
     catalog: Catalog, java_reader: object, read_path: str, kind: str

@@ -18,6 +18,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.table import Table
 
+import compactor.iceberg.references as references_module
 import compactor.maintain.orphans as orphans_module
 from compactor.bench.sample import create_events_table
 from compactor.durations import DAY_MS
@@ -133,6 +134,32 @@ def test_old_junk_goes_by_kind_referenced_and_young_files_stay(catalog: SqlCatal
     assert_referenced_files_exist(table)
     assert_same_contents(rows, scan_rows(table))
     assert_java_reads_same(table)
+
+
+def test_a_digest_shared_with_a_referenced_file_keeps_an_orphan_and_deletes_nothing_needed(
+    catalog: SqlCatalog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Referenced files are held as digests: an orphan whose digest a referenced file shares is
+    kept, the others go, and no referenced file is ever taken for an orphan."""
+    table = new_table(catalog)
+    rows = scan_rows(table)
+    location = root(table)
+    data = sorted((location / "data").rglob("*.parquet"))
+    shadows = {junk(p.with_name(p.name + ".old"), 100) for p in data}  # same digests, below
+    alone = {junk(location / "data" / f"junk-{i}.bin", 100) for i in range(3)}
+    age_everything(location)
+    digest = references_module.key_digest
+    monkeypatch.setattr(
+        references_module, "key_digest", lambda key: digest(key.removesuffix(".old"))
+    )
+
+    result = remove_orphans(table, TABLE, orphan_cutoff(None, NOW_MS))
+
+    assert reported(result, ORPHAN_DATA) == {str(p) for p in alone}
+    assert all(p.exists() for p in shadows)
+    table = catalog.load_table(TABLE)
+    assert_referenced_files_exist(table)
+    assert_same_contents(rows, scan_rows(table))
 
 
 def test_references_match_however_the_metadata_spells_the_path(catalog: SqlCatalog) -> None:

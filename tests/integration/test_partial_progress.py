@@ -13,13 +13,22 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation
 
 from compactor import compaction
-from compactor.bench.sample import create_events_table, events_batch
+from compactor.bench.sample import events_batch
 from compactor.commit.committer import commit_replace
 from compactor.errors import CommitConflictError, DataFileError
 
 from support.rows import assert_same_rows, scan_rows
 from support.runs import run_compaction
-from support.tables import list_files, live_data_files, local_path, unreferenced_files
+from support.tables import (
+    FIELD_IDS,
+    IMPORTED,
+    append_rows,
+    events_table,
+    list_files,
+    live_data_files,
+    local_path,
+    unreferenced_files,
+)
 
 TABLE = "db.events"
 
@@ -27,7 +36,7 @@ TABLE = "db.events"
 @pytest.fixture
 def events(catalog: Catalog) -> Table:
     """12 partitions (3 days x 4 regions) of 5 small files each: 12 groups."""
-    return create_events_table(catalog, TABLE, commits=5, rows_per_commit=480)
+    return events_table(catalog, TABLE, commits=5, rows_per_commit=480)
 
 
 def _replace_chain(table: Table, count: int) -> list[int]:
@@ -42,9 +51,16 @@ def _replace_chain(table: Table, count: int) -> list[int]:
     return chain[::-1]
 
 
+@pytest.mark.usefixtures("file_kind")
 @pytest.mark.parametrize(
-    ("commit_every", "max_commits", "commits"),
-    [(2, 10, 6), (1, 3, 3), (5, 10, 3)],
+    ("commit_every", "max_commits", "commits", "file_kind"),
+    [
+        pytest.param(2, 10, 6, FIELD_IDS, id="2-10-6"),
+        pytest.param(1, 3, 3, FIELD_IDS, id="1-3-3"),
+        pytest.param(5, 10, 3, FIELD_IDS, id="5-10-3"),
+        pytest.param(2, 10, 6, IMPORTED, id="2-10-6-imported"),
+    ],
+    indirect=["file_kind"],
 )
 def test_commits_in_batches(
     catalog: Catalog, events: Table, commit_every: int, max_commits: int, commits: int
@@ -61,6 +77,7 @@ def test_commits_in_batches(
     assert unreferenced_files(table) == []
 
 
+@pytest.mark.usefixtures("file_kind")
 def test_failed_group_fails_alone(catalog: Catalog, events: Table) -> None:
     before = scan_rows(events)
     victim = sorted(p for p in live_data_files(events) if "region=eu" in p)[0]
@@ -103,7 +120,7 @@ def test_most_fragmented_partitions_are_committed_first(catalog: Catalog, events
     for batch in range(100, 103):
         rows = events_batch(batch, 480, days=3)
         day = pc.day(rows["ts"])
-        events.append(rows.filter(pc.and_(pc.equal(rows["region"], "eu"), pc.equal(day, 2))))
+        append_rows(events, rows.filter(pc.and_(pc.equal(rows["region"], "eu"), pc.equal(day, 2))))
     worst = {
         path
         for path, f in live_data_files(events).items()

@@ -1,4 +1,4 @@
-"""compactor's three fixes to pyiceberg: applied by ``install()`` alone, and still needed.
+"""compactor's four fixes to pyiceberg: applied by ``install()`` alone, and still needed.
 
 The ``test_pyiceberg_still_*`` tests run pyiceberg as released, in a new interpreter where
 nothing installed the fixes, and assert that it still has the problem a fix works around. When
@@ -31,7 +31,7 @@ from compactor.iceberg import pyiceberg_compat
 from compactor.planning.tasks import RewriteTask
 from compactor.rewrite.task_runner import run_task
 
-# pyiceberg's three patched attributes, as a new interpreter finds them.
+# pyiceberg's patched attributes, as a new interpreter finds them.
 PATCHED = """
 from pyiceberg.avro.reader import DoubleReader
 from pyiceberg.io import pyarrow
@@ -42,6 +42,8 @@ def patched():
         pyarrow._get_file_format.__module__,
         TableMetadataV3.model_dump_json.__module__,
         DoubleReader.read.__module__,
+        pyarrow.ArrowProjectionVisitor.list.__module__,
+        pyarrow.ArrowProjectionVisitor.map.__module__,
     ]
 """
 
@@ -69,8 +71,14 @@ print(json.dumps([imported, installed, patched()]))
 """
     imported, installed, again = _run_python(code)
 
-    assert imported == ["pyiceberg.io.pyarrow", "pyiceberg.table.metadata", "pyiceberg.avro.reader"]
-    assert installed == [pyiceberg_compat.__name__] * 3
+    assert imported == [
+        "pyiceberg.io.pyarrow",
+        "pyiceberg.table.metadata",
+        "pyiceberg.avro.reader",
+        "pyiceberg.io.pyarrow",
+        "pyiceberg.io.pyarrow",
+    ]
+    assert installed == [pyiceberg_compat.__name__] * 5
     assert again == installed
 
 
@@ -247,3 +255,47 @@ def test_once_installed_avro_doubles_are_read_at_full_precision() -> None:
     for value in (0.1, -0.0, 1.7976931348623157e308, 5e-324):
         read = DoubleReader().read(new_decoder(struct.pack("<d", value)))
         assert struct.pack("<d", read) == struct.pack("<d", value)
+
+
+# A file with a null list of structs and a null map of structs, added to a new table and read
+# back through pyiceberg's scan; with "install", after compactor's fixes.
+READ_NULL_NESTED = """
+import json, sys
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyiceberg.catalog.sql import SqlCatalog
+
+workdir, install = sys.argv[1:]
+if install == "install":
+    from compactor.iceberg import pyiceberg_compat
+
+    pyiceberg_compat.install()
+inner = pa.struct([("a", pa.int64())])
+rows = pa.table({
+    "l": pa.array([None, [{"a": 1}], []], pa.list_(inner)),
+    "m": pa.array([None, [("k", {"a": 2})], []], pa.map_(pa.string(), inner)),
+})
+pq.write_table(rows, f"{workdir}/f.parquet")
+catalog = SqlCatalog("n", uri=f"sqlite:///{workdir}/catalog.db", warehouse=f"file://{workdir}")
+catalog.create_namespace("db")
+table = catalog.create_table("db.t", rows.schema)
+table.add_files([f"{workdir}/f.parquet"])
+read = table.scan().to_arrow()
+print(json.dumps({"l": read["l"].to_pylist(), "m": [None if m is None else len(m) for m in read["m"].to_pylist()]}))
+"""
+
+
+def test_pyiceberg_still_reads_a_null_list_or_map_of_structs_as_empty(tmp_path: Path) -> None:
+    read = _run_python(READ_NULL_NESTED, str(tmp_path), "released")
+
+    assert read != {"l": [None, [{"a": 1}], []], "m": [None, 1, 0]}, (
+        "pyiceberg now keeps null lists and maps of structs: remove the null-lists fix from "
+        "pyiceberg_compat.install()"
+    )
+    assert read == {"l": [[], [{"a": 1}], []], "m": [0, 1, 0]}
+
+
+def test_once_installed_a_null_list_or_map_of_structs_stays_null(tmp_path: Path) -> None:
+    read = _run_python(READ_NULL_NESTED, str(tmp_path), "install")
+
+    assert read == {"l": [None, [{"a": 1}], []], "m": [None, 1, 0]}

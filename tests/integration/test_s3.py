@@ -127,7 +127,7 @@ class DeleteCalls:
 def watch_deletes(monkeypatch: pytest.MonkeyPatch) -> DeleteCalls:
     """Hook botocore's events on every client compactor.storage.deleter creates from now on."""
     calls = DeleteCalls()
-    make_client = deleter._s3_client
+    make_client = deleter.s3_client
 
     def on_params(params: dict[str, Any], **_: Any) -> None:
         with calls.lock:
@@ -149,7 +149,7 @@ def watch_deletes(monkeypatch: pytest.MonkeyPatch) -> DeleteCalls:
         client.meta.events.register("before-call.s3.DeleteObject", on_single)
         return client
 
-    monkeypatch.setattr(deleter, "_s3_client", hooked)
+    monkeypatch.setattr(deleter, "s3_client", hooked)
     return calls
 
 

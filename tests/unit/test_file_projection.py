@@ -14,9 +14,12 @@ from pyiceberg.typedef import Record
 from pyiceberg.types import (
     DecimalType,
     DoubleType,
+    ListType,
     LongType,
+    MapType,
     NestedField,
     StringType,
+    StructType,
 )
 
 from compactor.rewrite.file_projection import FIELD_ID, Resolver, fill
@@ -132,3 +135,172 @@ def test_a_missing_identity_partition_column_takes_the_partition_value() -> None
     assert filled.schema.equals(EXPECTED, check_metadata=True)
     assert filled.column(4).to_pylist() == ["west"]
     assert filled.column(3).to_pylist() == ["x"]
+
+
+NESTED = Schema(
+    NestedField(1, "id", LongType(), required=True),
+    NestedField(
+        2,
+        "point",
+        StructType(
+            NestedField(3, "x", LongType(), required=False),
+            NestedField(4, "name", StringType(), required=False),
+        ),
+        required=False,
+    ),
+    NestedField(5, "tags", ListType(6, LongType(), element_required=False), required=False),
+    NestedField(
+        7,
+        "attrs",
+        MapType(
+            8,
+            StringType(),
+            9,
+            StructType(NestedField(10, "n", DoubleType(), required=False)),
+            value_required=False,
+        ),
+        required=False,
+    ),
+)
+NESTED_EXPECTED = schema_to_pyarrow(NESTED, include_field_ids=True)
+
+
+def _with_id(field_id: int, name: str, kind: pa.DataType, nullable: bool = True) -> pa.Field:
+    return pa.field(name, kind, nullable, metadata={FIELD_ID: str(field_id).encode()})
+
+
+def _nested_file(point: list[pa.Field], tags: pa.DataType | None = None) -> pa.Schema:
+    """A file of NESTED with field ids: ``point``'s fields as given, "tags" of ``tags``."""
+    attrs = pa.map_(
+        _with_id(8, "key", pa.string(), nullable=False),
+        _with_id(9, "value", pa.struct([_with_id(10, "n", pa.float32())])),
+    )
+    return pa.schema(
+        [
+            _with_id(1, "id", pa.int64(), nullable=False),
+            _with_id(2, "point", pa.struct(point)),
+            _with_id(5, "tags", pa.list_(_with_id(6, "element", tags or pa.int32()))),
+            _with_id(7, "attrs", attrs),
+        ]
+    )
+
+
+def _nested_resolver(schema: Schema = NESTED, mapping: NameMapping | None = None) -> Resolver:
+    expected = schema_to_pyarrow(schema, include_field_ids=True)
+    return Resolver(expected, schema, {0: PartitionSpec()}, mapping, 2)
+
+
+def test_nested_fields_are_renamed_widened_and_filled_by_field_id() -> None:
+    """The file's "point.label" is "point.name" now, "point.x" was added since and "point.gone"
+    dropped, "tags" held ints and "attrs" floats: the scan type keeps the file's names."""
+    physical = _nested_file([_with_id(4, "label", pa.string()), _with_id(99, "gone", pa.int8())])
+
+    projection = _nested_resolver().projection(physical, 0)
+
+    assert projection is not None
+    point = projection.scan.field("point").type
+    assert [f.name for f in point.fields] == ["x#3", "label"]  # the cast fills "x#3" with nulls
+    assert projection.scan.field("tags").type.value_type == pa.int64()
+    assert projection.scan.field("attrs").type.item_type.field(0).type == pa.float64()
+    scanned = pa.array([{"label": "a", "gone": 1}, None], physical.field("point").type).cast(point)
+    batch = pa.RecordBatch.from_arrays(
+        [
+            pa.array([1, 2], pa.int64()),
+            scanned,
+            pa.array([[1], None], projection.scan.field("tags").type),
+            pa.array([[("k", {"n": 0.5})], None], projection.scan.field("attrs").type),
+        ],
+        schema=projection.scan,
+    )
+    filled = fill(batch, {}, NESTED_EXPECTED)
+    assert filled.schema.equals(NESTED_EXPECTED, check_metadata=True)
+    assert filled.column(1).to_pylist() == [{"x": None, "name": "a"}, None]
+
+
+def test_a_nested_field_without_ids_is_read_through_the_mappings_nested_names() -> None:
+    mapping = NameMapping(
+        [
+            MappedField(field_id=1, names=["id"]),
+            MappedField(
+                field_id=2,
+                names=["point"],
+                fields=[
+                    MappedField(field_id=3, names=["x"]),
+                    MappedField(field_id=4, names=["label", "name"]),
+                ],
+            ),
+        ]
+    )
+    schema = Schema(*NESTED.fields[:2])
+    physical = pa.schema(
+        [("id", pa.int64()), ("point", pa.struct([("label", pa.string()), ("x", pa.int32())]))]
+    )
+
+    projection = _nested_resolver(schema, mapping).projection(physical, 0)
+
+    assert projection is not None
+    assert projection.scan.field("point").type == pa.struct(
+        [("x", pa.int64()), ("label", pa.large_string())]
+    )
+
+
+@pytest.mark.parametrize(
+    ("point", "tags"),
+    [
+        pytest.param([_with_id(3, "x", pa.string())], pa.int32(), id="nested not a promotion"),
+        pytest.param([_with_id(4, "name", pa.string())], pa.string(), id="element not a promotion"),
+        pytest.param(
+            [_with_id(3, "x", pa.int64()), _with_id(3, "y", pa.int64())],
+            pa.int64(),
+            id="two nested fields one id",
+        ),
+        pytest.param(
+            [_with_id(3, "x", pa.int64()), _with_id(4, "x", pa.string())],
+            pa.int64(),
+            id="one nested name twice",
+        ),
+        pytest.param(
+            [_with_id(3, "x", pa.struct([_with_id(11, "y", pa.int64())]))],
+            pa.int64(),
+            id="struct for a primitive",
+        ),
+    ],
+)
+def test_nested_fields_needing_more_than_a_scan_have_no_projection(
+    point: list[pa.Field], tags: pa.DataType
+) -> None:
+    assert _nested_resolver().projection(_nested_file(point, tags), 0) is None
+
+
+def test_a_missing_required_nested_field_has_no_projection() -> None:
+    point = NESTED.find_field(2).field_type
+    required = StructType(point.fields[0], NestedField(4, "name", StringType(), required=True))
+    schema = Schema(NESTED.fields[0], NestedField(2, "point", required, required=False))
+
+    physical = pa.schema(
+        [
+            _with_id(1, "id", pa.int64(), nullable=False),
+            _with_id(2, "point", pa.struct([_with_id(3, "x", pa.int64())])),
+        ]
+    )
+
+    assert _nested_resolver(schema).projection(physical, 0) is None
+
+
+def test_a_nested_name_the_mapping_gives_two_fields_has_no_projection() -> None:
+    mapping = NameMapping(
+        [
+            MappedField(field_id=1, names=["id"]),
+            MappedField(
+                field_id=2,
+                names=["point"],
+                fields=[
+                    MappedField(field_id=3, names=["x", "name"]),
+                    MappedField(field_id=4, names=["name"]),
+                ],
+            ),
+        ]
+    )
+    physical = pa.schema([("id", pa.int64()), ("point", pa.struct([("name", pa.string())]))])
+
+    assert _nested_resolver(Schema(*NESTED.fields[:2]), mapping).projection(physical, 0) is None
