@@ -204,11 +204,10 @@ def _filter_manifests(
             if live is None or not (known or may_hold_dangling):
                 manifests.append(manifest)  # pruned by the filter, or holds nothing to remove
                 continue
-            planned = [inputs[p].entry for p in known]
-            if len(known) == live and all(e is not None for e in planned):
+            planned = [e for p in known if (e := inputs[p].entry) is not None]
+            if len(known) == live and len(planned) == live:
                 for e in planned:
-                    if e is not None:
-                        changes.remove(delete_file_key(e.data_file), e)
+                    changes.remove(delete_file_key(e.data_file), e)
                 continue
         carried = carry_over(attempt, manifest, remove, changes.remove)
         if carried is not None:

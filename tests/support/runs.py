@@ -115,16 +115,11 @@ def compact_and_verify(
     # Its generic reader reads files without field ids by column position, not through the name
     # mapping: a snapshot holding such files must be read, its rows are not compared (pyiceberg
     # read them through the mapping, and its rows before and after are the same).
-    unmapped = {
-        snapshot_id: None
-        for snapshot_id, state in (
-            (snapshot.snapshot_id, table),
-            (before_snapshot.snapshot_id, before),
-        )
-        if files_without_field_ids(state)
-    }
-    if snapshot.snapshot_id in unmapped:
-        unmapped[None] = None
+    unmapped: dict[int | None, None] = {}
+    if files_without_field_ids(before):
+        unmapped[before_snapshot.snapshot_id] = None
+    if files_without_field_ids(table):
+        unmapped[snapshot.snapshot_id] = unmapped[None] = None
     assert_java_reads_same(
         table, unmapped, snapshot_ids=[snapshot.snapshot_id, before_snapshot.snapshot_id]
     )

@@ -217,20 +217,22 @@ def test_nested_fields_are_renamed_widened_and_filled_by_field_id() -> None:
     assert filled.column(1).to_pylist() == [{"x": None, "name": "a"}, None]
 
 
-def test_a_nested_field_without_ids_is_read_through_the_mappings_nested_names() -> None:
-    mapping = NameMapping(
+def _point_mapping(x: list[str], name: list[str]) -> NameMapping:
+    """A name mapping of NESTED's "id" and "point", its fields 3 and 4 under those names."""
+    return NameMapping(
         [
             MappedField(field_id=1, names=["id"]),
             MappedField(
                 field_id=2,
                 names=["point"],
-                fields=[
-                    MappedField(field_id=3, names=["x"]),
-                    MappedField(field_id=4, names=["label", "name"]),
-                ],
+                fields=[MappedField(field_id=3, names=x), MappedField(field_id=4, names=name)],
             ),
         ]
     )
+
+
+def test_a_nested_field_without_ids_is_read_through_the_mappings_nested_names() -> None:
+    mapping = _point_mapping(["x"], ["label", "name"])
     schema = Schema(*NESTED.fields[:2])
     physical = pa.schema(
         [("id", pa.int64()), ("point", pa.struct([("label", pa.string()), ("x", pa.int32())]))]
@@ -288,19 +290,7 @@ def test_a_missing_required_nested_field_has_no_projection() -> None:
 
 
 def test_a_nested_name_the_mapping_gives_two_fields_has_no_projection() -> None:
-    mapping = NameMapping(
-        [
-            MappedField(field_id=1, names=["id"]),
-            MappedField(
-                field_id=2,
-                names=["point"],
-                fields=[
-                    MappedField(field_id=3, names=["x", "name"]),
-                    MappedField(field_id=4, names=["name"]),
-                ],
-            ),
-        ]
-    )
+    mapping = _point_mapping(["x", "name"], ["name"])
     physical = pa.schema([("id", pa.int64()), ("point", pa.struct([("name", pa.string())]))])
 
     assert _nested_resolver(Schema(*NESTED.fields[:2]), mapping).projection(physical, 0) is None
