@@ -27,7 +27,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeAlias
 
@@ -179,22 +179,43 @@ class BulkRead:
         """
         return _ahead(timed("decode", self._produce()), self._read_ahead)
 
-    def _produce(self) -> Iterator[Item]:
+    def _chunks(self) -> Iterator[tuple[bool, list[TaskInput]]]:
+        """The inputs in order, as runs of candidates (at most CHUNK_FILES) and of the rest."""
         inputs, start = self._inputs, 0
+        while start < len(inputs):
+            end = start + 1
+            bulk = self._candidate(inputs[start])
+            stop = min(start + CHUNK_FILES, len(inputs)) if bulk else len(inputs)
+            while end < stop and self._candidate(inputs[end]) == bulk:
+                end += 1
+            yield bulk, inputs[start:end]
+            start = end
+
+    def _produce(self) -> Iterator[Item]:
+        """The items of each chunk in turn; the next chunk's footers are read (in the pool)
+        while this one is scanned."""
         with ThreadPoolExecutor(FOOTER_READERS) as pool:
-            while start < len(inputs):
-                end = start + 1
-                bulk = self._candidate(inputs[start])
-                stop = min(start + CHUNK_FILES, len(inputs)) if bulk else len(inputs)
-                while end < stop and self._candidate(inputs[end]) == bulk:
-                    end += 1
-                chunk, start = inputs[start:end], end
-                if not bulk:
-                    yield ReadEach(chunk)
+            footer = carried(self._footer)
+            pending: tuple[list[TaskInput], list[Future[ds.ParquetFileFragment]]] | None = None
+            for bulk, chunk in self._chunks():
+                if bulk:
+                    reading = (chunk, [pool.submit(footer, f) for f in chunk])
+                    if pending is not None:
+                        yield from self._chunk_items(*pending)
+                    pending = reading
                     continue
-                footers = list(pool.map(carried(self._footer), chunk))
-                scannable = [self._scannable(f, x) for f, x in zip(chunk, footers, strict=True)]
-                yield from self._runs(chunk, scannable)
+                if pending is not None:
+                    yield from self._chunk_items(*pending)
+                    pending = None
+                yield ReadEach(chunk)
+            if pending is not None:
+                yield from self._chunk_items(*pending)
+
+    def _chunk_items(
+        self, chunk: list[TaskInput], footers: list[Future[ds.ParquetFileFragment]]
+    ) -> Iterator[Item]:
+        scannable = [self._scannable(f, x.result()) for f, x in zip(chunk, footers, strict=True)]
+        yield from self._runs(chunk, scannable)
 
     def _runs(self, chunk: list[TaskInput], files: list[_Scannable | None]) -> Iterator[Item]:
         """Consecutive files of ``chunk`` scanned together where they can be, in order."""
