@@ -145,9 +145,10 @@ class CompactOptions(BaseModel):
     )
     bulk_read: bool = Field(
         True,
-        description="Read files that need none of Iceberg's read rules (no deletes, the current "
-        "schema's columns by id, name and type) many at once, in parallel. --no-bulk-read "
-        "reads every file through the Iceberg read path (slower; to diagnose).",
+        description="Read Parquet files without equality deletes in bulk: small files many at "
+        "once, larger ones streamed a batch at a time. --no-bulk-read reads every file through "
+        "the Iceberg read path (slower, and it decodes a whole row group at a time; to "
+        "diagnose).",
     )
     memory_limit: Size | None = Field(
         None,

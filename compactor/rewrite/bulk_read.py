@@ -7,8 +7,10 @@ dataset scanner reads them in parallel in C++ instead.
 
 A file takes this path when:
 
-- it is a Parquet file small enough that FILES_IN_BUDGET of it fit the read-ahead, and the
-  FileIO is pyiceberg's pyarrow one;
+- it is a Parquet file and the FileIO is pyiceberg's pyarrow one (files small enough that
+  FILES_IN_BUDGET of them fit the read-ahead are scanned together by pyarrow's dataset scanner;
+  a larger one is streamed alone, a batch at a time: the dataset scanner, as the Iceberg read
+  path, decodes a whole row group at once, hundreds of MB in a file of one large row group);
 - no equality delete applies to it (its position deletes and deletion vectors are dropped from
   the scanned batches by position);
 - its schema has a :class:`~compactor.rewrite.file_projection.Projection`: its fields, top-level
@@ -29,10 +31,12 @@ from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from enum import Enum
 from typing import TYPE_CHECKING, TypeAlias
 
 import pyarrow as pa
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.manifest import DataFileContent, FileFormat
@@ -57,7 +61,7 @@ FOOTER_READERS = 8
 # Scanner read-ahead bounds: rows per batch, batches ahead within a file, files ahead.
 MIN_BATCH_ROWS, MAX_BATCH_ROWS = 1024, 128 * 1024
 BATCHES_AHEAD = 2
-# Only files small enough that this many fit the read-ahead are read in bulk: the scanner
+# Only files small enough that this many fit the read-ahead are scanned together: the scanner
 # buffers whole row groups of the files in flight (one request per row group, not per column),
 # and larger files gain little from being read together.
 FILES_IN_BUDGET = 64
@@ -69,6 +73,14 @@ CHUNK_FILES = 128
 FORMAT = ds.ParquetFileFormat(**VERIFY_PAGE_CHECKSUMS)
 
 
+class _Kind(Enum):
+    """How an input is read: scanned with others, scanned alone, or through the Iceberg path."""
+
+    SMALL = "small"
+    LARGE = "large"
+    EACH = "each"
+
+
 @dataclass(frozen=True)
 class _Scannable:
     """A candidate file as a scanner fragment, with how it is read."""
@@ -78,6 +90,7 @@ class _Scannable:
     projection: Projection
     constants: dict[int, pa.Scalar]
     deleted: list[pa.ChunkedArray] | None  # positions of its rows deleted
+    large: bool  # scanned alone, streamed
 
 
 @dataclass(frozen=True)
@@ -142,8 +155,10 @@ class BulkRead:
         self._enabled = enabled and isinstance(io, PyArrowFileIO)
         self._lineage = metadata.format_version >= 3
 
-    def _candidate(self, f: TaskInput) -> bool:
-        return self._enabled and _plain(f) and f.size * FILES_IN_BUDGET <= self._read_ahead
+    def _kind(self, f: TaskInput) -> _Kind:
+        if not (self._enabled and _plain(f)):
+            return _Kind.EACH
+        return _Kind.SMALL if f.size * FILES_IN_BUDGET <= self._read_ahead else _Kind.LARGE
 
     def _footer(self, f: TaskInput) -> ds.ParquetFileFragment:
         """``f`` as a scanner fragment, its footer read."""
@@ -167,7 +182,14 @@ class BulkRead:
             constants = projection.constants(f.data_file, self._expected)
             if constants is None:
                 return None
-            return _Scannable(f, fragment, projection, constants, self._positions.get(f.path))
+            return _Scannable(
+                f,
+                fragment,
+                projection,
+                constants,
+                self._positions.get(f.path),
+                self._kind(f) is _Kind.LARGE,
+            )
 
     def items(self) -> Iterator[Item]:
         """The inputs' batches and markers, in plan order.
@@ -180,15 +202,20 @@ class BulkRead:
         return _ahead(timed("decode", self._produce()), self._read_ahead)
 
     def _chunks(self) -> Iterator[tuple[bool, list[TaskInput]]]:
-        """The inputs in order, as runs of candidates (at most CHUNK_FILES) and of the rest."""
+        """The inputs in order, as chunks to scan (at most CHUNK_FILES small files, or one large
+        one) and runs of the rest; with whether to scan them."""
         inputs, start = self._inputs, 0
         while start < len(inputs):
             end = start + 1
-            bulk = self._candidate(inputs[start])
-            stop = min(start + CHUNK_FILES, len(inputs)) if bulk else len(inputs)
-            while end < stop and self._candidate(inputs[end]) == bulk:
+            kind = self._kind(inputs[start])
+            stop = {
+                _Kind.SMALL: min(start + CHUNK_FILES, len(inputs)),
+                _Kind.LARGE: end,
+                _Kind.EACH: len(inputs),
+            }[kind]
+            while end < stop and self._kind(inputs[end]) is kind:
                 end += 1
-            yield bulk, inputs[start:end]
+            yield kind is not _Kind.EACH, inputs[start:end]
             start = end
 
     def _produce(self) -> Iterator[Item]:
@@ -249,7 +276,6 @@ class BulkRead:
     def _scan(self, files: list[_Scannable]) -> Iterator[pa.RecordBatch]:
         fragments = [f.fragment for f in files]
         projection = files[0].projection
-        dataset = ds.FileSystemDataset(fragments, projection.scan, FORMAT, fragments[0].filesystem)
         rows = sum(f.metadata.num_rows for f in fragments)
         decoded = sum(
             f.metadata.row_group(i).total_byte_size
@@ -260,26 +286,35 @@ class BulkRead:
         # Batches of ~1/16 of the budget. pyarrow's scanner queues what it reads ahead without
         # bound while its consumer is slower (more so with use_threads), so it reads on one
         # thread, ahead by several files only when files are tiny; _ahead bounds the rest.
-        batch_rows = self._read_ahead // (16 * row_bytes)
-        files_ahead = self._read_ahead // (TINY_FILE_FACTOR * max(decoded // len(fragments), 1))
-        scanner = ds.Scanner.from_dataset(
-            dataset,
-            batch_size=min(max(batch_rows, MIN_BATCH_ROWS), MAX_BATCH_ROWS),
-            batch_readahead=BATCHES_AHEAD,
-            fragment_readahead=min(max(files_ahead, 1), MAX_FILES_AHEAD),
-            use_threads=False,
-        )
+        batch_rows = min(max(self._read_ahead // (16 * row_bytes), MIN_BATCH_ROWS), MAX_BATCH_ROWS)
         as_scanned = projection.scan.equals(self._expected, check_metadata=True)
-        if as_scanned and not self._lineage and not any(f.deleted for f in files):
-            yield from scanner.to_batches()
-            return
-        by_path = {f.fragment.path: f for f in files}
-        offsets = dict.fromkeys(by_path, 0)  # each file's batches come in order
-        for tagged in scanner.scan_batches():
-            batch, path = tagged.record_batch, tagged.fragment.path
-            one = by_path[path]
-            start = offsets[path]
-            offsets[path] += batch.num_rows
+        tagged: Iterator[tuple[_Scannable, pa.RecordBatch]]
+        if files[0].large:
+            # The dataset scanner decodes a whole row group at a time (hundreds of MB in a
+            # file written as one row group): a large file is streamed batch by batch instead.
+            (one,) = files
+            tagged = ((one, b) for b in _stream(one.fragment, projection.scan, batch_rows))
+        else:
+            dataset = ds.FileSystemDataset(
+                fragments, projection.scan, FORMAT, fragments[0].filesystem
+            )
+            files_ahead = self._read_ahead // (TINY_FILE_FACTOR * max(decoded // len(fragments), 1))
+            scanner = ds.Scanner.from_dataset(
+                dataset,
+                batch_size=batch_rows,
+                batch_readahead=BATCHES_AHEAD,
+                fragment_readahead=min(max(files_ahead, 1), MAX_FILES_AHEAD),
+                use_threads=False,
+            )
+            if as_scanned and not self._lineage and not any(f.deleted for f in files):
+                yield from scanner.to_batches()
+                return
+            by_path = {f.fragment.path: f for f in files}
+            tagged = ((by_path[t.fragment.path], t.record_batch) for t in scanner.scan_batches())
+        offsets = {id(f): 0 for f in files}  # each file's batches come in order
+        for one, batch in tagged:
+            start = offsets[id(one)]
+            offsets[id(one)] += batch.num_rows
             if not as_scanned:
                 batch = fill(batch, one.constants, self._expected)
             if self._lineage:
@@ -291,6 +326,29 @@ class BulkRead:
                 if not batch.num_rows:
                     continue
             yield batch
+
+
+def _stream(
+    fragment: ds.ParquetFileFragment, scan: pa.Schema, batch_rows: int
+) -> Iterator[pa.RecordBatch]:
+    """The rows of ``fragment`` as a scan with schema ``scan`` reads them, ``batch_rows`` at a
+    time, decoding no more than that of each column (its compressed row group is buffered)."""
+    columns = set(fragment.physical_schema.names)
+    with fragment.filesystem.open_input_file(fragment.path) as source:
+        parquet = pq.ParquetFile(
+            source, metadata=fragment.metadata, pre_buffer=True, **VERIFY_PAGE_CHECKSUMS
+        )
+        read = [field.name for field in scan if field.name in columns]
+        for batch in parquet.iter_batches(batch_size=batch_rows, columns=read):
+            yield pa.RecordBatch.from_arrays(
+                [
+                    batch.column(field.name).cast(field.type)
+                    if field.name in columns
+                    else pa.nulls(batch.num_rows, field.type)
+                    for field in scan
+                ],
+                schema=scan,
+            )
 
 
 def _culprit(files: list[TaskInput], scanned: list[_Scannable], exc: Exception) -> DataFileError:

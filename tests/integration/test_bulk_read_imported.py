@@ -50,10 +50,13 @@ from support.java_reader import (
     ensure_reader,
 )
 from support.rows import assert_same_rows, scan_rows
-from support.runs import run_compaction
+from support.runs import EVERY_READ_PATH, run_compaction
 from support.tables import live_data_files
 
-pytestmark = pytest.mark.usefixtures("read_path")
+pytestmark = [
+    pytest.mark.usefixtures("read_path"),
+    pytest.mark.parametrize("read_path", EVERY_READ_PATH, indirect=True),
+]
 
 NAME_MAPPING = "schema.name-mapping.default"
 SCHEMA = Schema(
@@ -180,7 +183,7 @@ def test_renamed_re_added_and_promoted_columns_read_through_the_mapping(
 
     result, _ = _compact(catalog)
 
-    assert result.to_dict()["bulk_read_files"] == (7 if read_path == "bulk" else 0)
+    assert result.to_dict()["bulk_read_files"] == (7 if read_path != "iceberg" else 0)
 
 
 def test_the_mapping_is_resolved_once_per_file_schema(
@@ -200,7 +203,7 @@ def test_the_mapping_is_resolved_once_per_file_schema(
     result, _ = _compact(catalog, java=False)
 
     assert result.to_dict()["rewritten_files"] == 8
-    assert len(calls) == (1 if read_path == "bulk" else 0)
+    assert len(calls) == (1 if read_path != "iceberg" else 0)
 
 
 HIVE_SCHEMA = Schema(
@@ -253,7 +256,7 @@ def test_hive_style_files_take_their_identity_partition_column_from_the_partitio
 
     result, after = _compact(catalog)
 
-    assert result.to_dict()["bulk_read_files"] == (7 if read_path == "bulk" else 0)
+    assert result.to_dict()["bulk_read_files"] == (7 if read_path != "iceberg" else 0)
     west = scan_rows(after, "region = 'west'")
     assert west["region"].to_pylist() == ["west"] * 190
     assert sorted(west["id"].to_pylist()) == [*range(50), *range(100, 150), *range(200, 250), *ids]
@@ -276,7 +279,7 @@ def test_a_file_whose_names_the_mapping_gives_two_fields_takes_the_iceberg_read_
 
     result, _ = _compact(catalog, java=False)  # Java refuses the mapping
 
-    assert result.to_dict()["bulk_read_files"] == (2 if read_path == "bulk" else 0)
+    assert result.to_dict()["bulk_read_files"] == (2 if read_path != "iceberg" else 0)
 
 
 def test_every_primitive_type_imported_reads_as_java_reads_it(
@@ -299,7 +302,7 @@ def test_every_primitive_type_imported_reads_as_java_reads_it(
 
     result, _ = _compact(catalog)
 
-    assert result.to_dict()["bulk_read_files"] == (4 if read_path == "bulk" else 0)
+    assert result.to_dict()["bulk_read_files"] == (4 if read_path != "iceberg" else 0)
 
 
 def test_imported_files_with_position_deletes_are_read_in_bulk_without_the_deleted_rows(
@@ -315,6 +318,6 @@ def test_imported_files_with_position_deletes_are_read_in_bulk_without_the_delet
 
     result, after = _compact(catalog, java=False)  # the Java reader here reads no deletes
 
-    assert result.to_dict()["bulk_read_files"] == (3 if read_path == "bulk" else 0)
+    assert result.to_dict()["bulk_read_files"] == (3 if read_path != "iceberg" else 0)
     assert result.to_dict()["deleted_rows_applied"] == 3
     assert not {60, 67, 119} & set(scan_rows(after)["id"].to_pylist())

@@ -48,7 +48,7 @@ from compactor.iceberg.pyiceberg_compat import (
 from support.deletes import commit_delete_files, write_position_delete_file
 from support.java_reader import JavaReader, assert_java_reads_same, java_read
 from support.rows import assert_same_rows, scan_rows
-from support.runs import run_compaction
+from support.runs import EVERY_READ_PATH, run_compaction
 from support.tables import live_data_files, local_path
 
 NAME_MAPPING = "schema.name-mapping.default"
@@ -184,6 +184,8 @@ def _evolved(catalog: Catalog, identifier: str) -> Table:
     return catalog.load_table(identifier)
 
 
+@pytest.mark.parametrize("read_path", ["bulk", "streamed"], indirect=True)
+@pytest.mark.usefixtures("read_path")
 def test_nested_columns_are_read_in_bulk_by_field_id(
     catalog: Catalog, java_reader: JavaReader
 ) -> None:
@@ -216,6 +218,8 @@ def _imported(catalog: Catalog, identifier: str, tmp_path: Path) -> Table:
     return catalog.load_table(identifier)
 
 
+@pytest.mark.parametrize("read_path", ["bulk", "streamed"], indirect=True)
+@pytest.mark.usefixtures("read_path")
 def test_nested_columns_of_files_without_field_ids_are_read_in_bulk_through_the_mapping(
     catalog: Catalog, tmp_path: Path
 ) -> None:
@@ -230,9 +234,9 @@ def test_nested_columns_of_files_without_field_ids_are_read_in_bulk_through_the_
     assert events[3] is None and events[2][0]["parts"] is None
 
 
-@pytest.mark.parametrize("bulk_read", [True, False], ids=["bulk", "each"])
+@pytest.mark.parametrize("read_path", EVERY_READ_PATH, indirect=True)
 def test_null_lists_and_maps_of_structs_stay_null(
-    catalog: Catalog, tmp_path: Path, bulk_read: bool
+    catalog: Catalog, tmp_path: Path, read_path: str
 ) -> None:
     """Files written by pyarrow with field ids, nulls at every level of nesting: the rows
     written are the rows of the files, on both read paths (pyiceberg's own read path, file by
@@ -243,9 +247,9 @@ def test_null_lists_and_maps_of_structs_stay_null(
     for data in stored:
         _add_file(table, tmp_path / f"{data['id'][0]}.parquet", data)
 
-    result, after = run_compaction(catalog, "db.t", bulk_read=bulk_read)
+    result, after = run_compaction(catalog, "db.t")
 
-    assert result.to_dict()["bulk_read_files"] == (3 if bulk_read else 0)
+    assert result.to_dict()["bulk_read_files"] == (0 if read_path == "iceberg" else 3)
     assert _written(after).to_pylist() == pa.concat_tables(stored).to_pylist()
     events = _written(after)["events"].to_pylist()
     assert events[3] is None and events[2][0]["parts"] is None
@@ -380,6 +384,8 @@ def _lineage(table: Table) -> Counter[tuple[int, int | None, int | None]]:
     return rows
 
 
+@pytest.mark.parametrize("read_path", ["bulk", "streamed"], indirect=True)
+@pytest.mark.usefixtures("read_path")
 def test_format_3_rows_keep_their_lineage_read_in_bulk(
     catalog: Catalog, tmp_path: Path, java_reader: JavaReader
 ) -> None:
@@ -403,6 +409,8 @@ def test_format_3_rows_keep_their_lineage_read_in_bulk(
     assert java_read(after, []).lineage() == java["db.bulk"]
 
 
+@pytest.mark.parametrize("read_path", ["bulk", "streamed"], indirect=True)
+@pytest.mark.usefixtures("read_path")
 def test_format_3_files_without_first_row_id_are_read_in_bulk_without_lineage(
     catalog: Catalog, tmp_path: Path
 ) -> None:

@@ -23,7 +23,7 @@ from pyiceberg.types import (
 )
 
 from support.rows import scan_rows
-from support.runs import compact_and_verify
+from support.runs import EVERY_READ_PATH, compact_and_verify
 from support.tables import (
     FIELD_IDS,
     IMPORTED,
@@ -34,7 +34,10 @@ from support.tables import (
 )
 
 # Every row test here runs with bulk reading on and off.
-pytestmark = pytest.mark.usefixtures("read_path")
+pytestmark = [
+    pytest.mark.usefixtures("read_path"),
+    pytest.mark.parametrize("read_path", EVERY_READ_PATH, indirect=True),
+]
 
 FIELD_ID = b"PARQUET:field_id"
 

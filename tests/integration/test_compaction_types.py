@@ -38,11 +38,14 @@ from pyiceberg.types import (
 )
 
 from support.rows import assert_same_rows, row_multiset, scan_rows
-from support.runs import DEFAULT_OPTIONS, compact_and_verify, run_compaction
+from support.runs import DEFAULT_OPTIONS, EVERY_READ_PATH, compact_and_verify, run_compaction
 from support.tables import append_rows, new_data_files, read_data_file
 
 # Every row test here runs with bulk reading on and off.
-pytestmark = pytest.mark.usefixtures("read_path")
+pytestmark = [
+    pytest.mark.usefixtures("read_path"),
+    pytest.mark.parametrize("read_path", EVERY_READ_PATH, indirect=True),
+]
 
 SCHEMA = Schema(
     NestedField(1, "b", BooleanType()),

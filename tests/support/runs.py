@@ -28,6 +28,11 @@ from support.tables import (
     records_by_partition,
 )
 
+# The read paths a test's compactions can take (the ``read_path`` fixture): the test's small
+# files scanned together in bulk, each file streamed alone in bulk (as a large file is), each
+# through the Iceberg read path (bulk reading off).
+EVERY_READ_PATH = ["bulk", "streamed", "iceberg"]
+
 # Small targets keep the suite fast; tests override single options where they need to.
 DEFAULT_OPTIONS: dict[str, Any] = {
     "target_file_size": "1MiB",

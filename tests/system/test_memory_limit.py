@@ -2,8 +2,8 @@
 
 Each test compacts, in a ``compactor run`` subprocess, one group several times larger than
 the limit, and reads the peak RSS the run reports (``peak_rss_bytes``: its ``VmHWM``; the
-``ru_maxrss`` of ``wait4`` would count the test process it was forked from) — on the Iceberg
-read path (files too large to read in bulk) and on the bulk path (many small files).
+``ru_maxrss`` of ``wait4`` would count the test process it was forked from) — large files
+streamed on the bulk path and read on the Iceberg path, many small files scanned together.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ COMPACTOR = Path(sys.executable).parent / "compactor"
 LIMIT_MIB = 320
 SCHEMA = pa.schema([("a", pa.int64()), ("b", pa.float64()), ("c", pa.int64())])
 ROW_BYTES = 24
-LARGE_FILE_BYTES = 12 * 2**20  # too large to be read in bulk
+LARGE_FILE_BYTES = 12 * 2**20  # too large to be scanned together with others
 
 
 def _random_rows(rng: np.random.Generator, count: int) -> pa.Table:
@@ -93,16 +93,49 @@ def _compact(
     return result, result["peak_rss_bytes"] / 2**20
 
 
+@pytest.mark.parametrize("read", ["--bulk-read", "--no-bulk-read"])
 def test_a_group_of_large_files_several_times_the_limit(
-    catalog: SqlCatalog, tmp_path: Path
+    catalog: SqlCatalog, tmp_path: Path, read: str
 ) -> None:
+    """Streamed one at a time on the bulk path, read ahead in threads on the Iceberg path."""
     files, file_bytes = 72, LARGE_FILE_BYTES
     _large_files(catalog, files, seed=1)
 
-    result, peak_mib = _compact(catalog, tmp_path, LIMIT_MIB)
+    result, peak_mib = _compact(catalog, tmp_path, LIMIT_MIB, read)
 
-    assert result["rewritten_files"] == files and result["bulk_read_files"] == 0
+    assert result["rewritten_files"] == files
+    assert result["bulk_read_files"] == (files if read == "--bulk-read" else 0)
     assert files * file_bytes > 2.5 * LIMIT_MIB * 2**20
+    print(f"peak {peak_mib:.0f} MiB")
+    assert peak_mib <= 1.25 * LIMIT_MIB, f"peak {peak_mib:.0f} MiB"
+
+
+def test_files_of_one_large_row_group_each_are_streamed(
+    catalog: SqlCatalog, tmp_path: Path
+) -> None:
+    """A file written as one row group (as engines write 128 MB row groups) decodes to many
+    times its size: read a batch at a time, not a row group at a time."""
+    files, rows, columns = 3, 3_000_000, 8
+    rng = np.random.default_rng(4)
+    schema = pa.schema([(f"c{i}", pa.int64()) for i in range(columns)])
+    table = catalog.create_table(
+        "db.m",
+        schema,
+        properties={
+            "write.target-file-size-bytes": str(2**30),
+            "write.parquet.row-group-limit": str(rows),
+        },
+    )
+    for _ in range(files):
+        # Small values: a few bytes a row stored, 64 decoded.
+        table.append(pa.table([rng.integers(0, 16, rows) for _ in range(columns)], schema=schema))
+    data = table.inspect.files()
+    decoded = rows * columns * 8
+
+    result, peak_mib = _compact(catalog, tmp_path, LIMIT_MIB, "--min-input-files", str(files))
+
+    assert result["rewritten_files"] == result["bulk_read_files"] == files
+    assert decoded > max(0.5 * LIMIT_MIB * 2**20, 8 * max(data["file_size_in_bytes"].to_pylist()))
     print(f"peak {peak_mib:.0f} MiB")
     assert peak_mib <= 1.25 * LIMIT_MIB, f"peak {peak_mib:.0f} MiB"
 
