@@ -293,7 +293,12 @@ class BulkRead:
             # The dataset scanner decodes a whole row group at a time (hundreds of MB in a
             # file written as one row group): a large file is streamed batch by batch instead.
             (one,) = files
-            tagged = ((one, b) for b in _stream(one.fragment, projection.scan, batch_rows))
+            tagged = (
+                (one, b)
+                for b in _stream(
+                    one.fragment, projection.scan, max(batch_rows // 4, MIN_BATCH_ROWS)
+                )
+            )
         else:
             dataset = ds.FileSystemDataset(
                 fragments, projection.scan, FORMAT, fragments[0].filesystem
@@ -332,23 +337,26 @@ def _stream(
     fragment: ds.ParquetFileFragment, scan: pa.Schema, batch_rows: int
 ) -> Iterator[pa.RecordBatch]:
     """The rows of ``fragment`` as a scan with schema ``scan`` reads them, ``batch_rows`` at a
-    time, decoding no more than that of each column (its compressed row group is buffered)."""
+    time: one row group's compressed columns buffered (read in as few requests as they can),
+    no more than a batch of each column decoded. (Asked for all row groups at once, the reader
+    buffers every one of them up front: the whole file.)"""
     columns = set(fragment.physical_schema.names)
+    read = [field.name for field in scan if field.name in columns]
     with fragment.filesystem.open_input_file(fragment.path) as source:
         parquet = pq.ParquetFile(
             source, metadata=fragment.metadata, pre_buffer=True, **VERIFY_PAGE_CHECKSUMS
         )
-        read = [field.name for field in scan if field.name in columns]
-        for batch in parquet.iter_batches(batch_size=batch_rows, columns=read):
-            yield pa.RecordBatch.from_arrays(
-                [
-                    batch.column(field.name).cast(field.type)
-                    if field.name in columns
-                    else pa.nulls(batch.num_rows, field.type)
-                    for field in scan
-                ],
-                schema=scan,
-            )
+        for row_group in range(parquet.num_row_groups):
+            for batch in parquet.iter_batches(batch_rows, [row_group], read):
+                yield pa.RecordBatch.from_arrays(
+                    [
+                        batch.column(field.name).cast(field.type)
+                        if field.name in columns
+                        else pa.nulls(batch.num_rows, field.type)
+                        for field in scan
+                    ],
+                    schema=scan,
+                )
 
 
 def _culprit(files: list[TaskInput], scanned: list[_Scannable], exc: Exception) -> DataFileError:

@@ -10,12 +10,14 @@ tasks whose results it does not commit.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Protocol
 
+import pyarrow as pa
 from pyiceberg.io import FileIO, load_file_io
 from pyiceberg.serializers import FromInputFile
 from pyiceberg.table.locations import load_location_provider
@@ -76,6 +78,17 @@ def _label(task: RewriteTask, metadata: TableMetadata) -> str:
     return f"group {task.task_id} ({path or 'unpartitioned'})"
 
 
+@contextlib.contextmanager
+def _released() -> Iterator[None]:
+    """A block after which pyarrow's allocator hands back the pages it freed: it keeps them
+    until it next allocates, so that the commit, which allocates little through it, would run
+    on top of the rewrite's high-water mark."""
+    try:
+        yield
+    finally:
+        pa.default_memory_pool().release_unused()
+
+
 def run_task(
     task: RewriteTask,
     cancel: CancelToken | None = None,
@@ -116,7 +129,7 @@ def run_task(
     )
     intent = IntentLog(io, metadata.location, task.run_id, task.task_id)
     times = PhaseTimes.if_enabled()
-    with recording(times):
+    with recording(times), _released():
         rewritten = rewrite_files(
             task.inputs,
             out,
