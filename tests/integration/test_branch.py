@@ -1,7 +1,8 @@
 """``--branch``: compact a branch's head and commit to that branch; main and tags stay put.
 
 Each test ends with Iceberg Java reading every ref (the branch, main, tags) with the same rows
-as pyiceberg.
+as pyiceberg. A branch compaction also runs on main's files imported without field ids (read
+through the table's name mapping), which the branch shares with main.
 """
 
 from __future__ import annotations
@@ -26,22 +27,34 @@ from support.cli import embedded
 from support.java_reader import assert_java_reads_same
 from support.rows import assert_same_rows
 from support.runs import DEFAULT_OPTIONS
-from support.tables import live_data_files
+from support.tables import (
+    FIELD_IDS,
+    IMPORTED,
+    append_rows,
+    events_table,
+    files_without_field_ids,
+    live_data_files,
+    unmapped_snapshots,
+)
 
 TABLE, BRANCH = "db.events", "audit"
 
 
 @pytest.fixture
 def events(catalog: Catalog) -> Table:
-    """Main: 3 commits; branch ``audit`` from there, 3 more commits of its own; main 2 more."""
-    table = create_events_table(catalog, TABLE, commits=3, rows_per_commit=480)
+    """Main: 3 commits; branch ``audit`` from there, 3 more commits of its own; main 2 more.
+
+    Main's commits are appended with :func:`support.tables.append_rows`, which appends to main
+    only: the branch's own are files with field ids.
+    """
+    table = events_table(catalog, TABLE, commits=3, rows_per_commit=480)
     head = table.current_snapshot()
     assert head is not None
     table.manage_snapshots().create_branch(head.snapshot_id, BRANCH).commit()
     for commit in range(10, 13):
         table.append(events_batch(commit=commit, rows=480, days=3), branch=BRANCH)
     for commit in range(20, 22):
-        table.append(events_batch(commit=commit, rows=480, days=3))
+        append_rows(table, events_batch(commit=commit, rows=480, days=3))
     return catalog.load_table(TABLE)
 
 
@@ -65,10 +78,18 @@ def _compact(
     return compaction.compact_table(table, resolved)
 
 
-def test_a_branch_is_compacted_and_main_is_not_touched(catalog: Catalog, events: Table) -> None:
+@pytest.mark.usefixtures("file_kind")
+@pytest.mark.parametrize("file_kind", [FIELD_IDS, IMPORTED], indirect=True)
+def test_a_branch_is_compacted_and_main_is_not_touched(
+    catalog: Catalog, events: Table, file_kind: str
+) -> None:
     main_head, branch_head = _head(events, "main"), _head(events, BRANCH)
     main_rows, branch_rows = _rows(events, "main"), _rows(events, BRANCH)
     branch_files = live_data_files(events, events.snapshot_by_name(BRANCH))
+    # Imported, the branch compacts main's files without field ids along with its own.
+    assert bool(files_without_field_ids(events, events.snapshot_by_name(BRANCH))) == (
+        file_kind == IMPORTED
+    )
 
     result = _compact(catalog)
 
@@ -83,7 +104,8 @@ def test_a_branch_is_compacted_and_main_is_not_touched(catalog: Catalog, events:
     assert len(live_data_files(table, snapshot)) < len(branch_files)
     assert_same_rows(branch_rows, _rows(table, BRANCH))
     assert_same_rows(main_rows, _rows(table, "main"))
-    assert_java_reads_same(table)
+    assert files_without_field_ids(table, snapshot) == [], "Java compares the branch's rows"
+    assert_java_reads_same(table, unmapped_snapshots(table))
 
 
 def test_commits_to_main_meanwhile_do_not_conflict_with_a_branch_run(
@@ -126,6 +148,8 @@ def test_commits_to_main_meanwhile_do_not_conflict_with_a_branch_run(
     assert_java_reads_same(table)
 
 
+@pytest.mark.usefixtures("file_kind")
+@pytest.mark.parametrize("file_kind", [FIELD_IDS, IMPORTED], indirect=True)
 def test_an_append_to_the_branch_meanwhile_is_kept(
     catalog: Catalog, events: Table, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -142,7 +166,8 @@ def test_an_append_to_the_branch_meanwhile_is_kept(
     assert result.to_dict()["failed_groups"] == []
     table = catalog.load_table(TABLE)
     assert_same_rows(pa.concat_tables([before, appended.cast(before.schema)]), _rows(table, BRANCH))
-    assert_java_reads_same(table)
+    assert files_without_field_ids(table, table.snapshot_by_name(BRANCH)) == []
+    assert_java_reads_same(table, unmapped_snapshots(table))
 
 
 def test_a_missing_branch_or_a_tag_is_a_one_line_error_and_nothing_changes(

@@ -34,7 +34,16 @@ from compactor.sizes import parse_size
 from support.encoding import read_varint, unzigzag
 from support.rows import assert_same_rows, scan_rows
 from support.runs import compact_and_verify, run_compaction
-from support.tables import list_files, live_data_files, local_path, new_data_files, read_data_file
+from support.tables import (
+    FIELD_IDS,
+    IMPORTED,
+    append_rows,
+    list_files,
+    live_data_files,
+    local_path,
+    new_data_files,
+    read_data_file,
+)
 
 SCHEMA = Schema(
     NestedField(1, "event_id", LongType(), required=False),
@@ -46,8 +55,11 @@ SPEC = PartitionSpec(PartitionField(2, 1000, IdentityTransform(), "region"))
 REGION_OFFSET = {"a": 0, "b": 1_000_000}
 
 
+@pytest.mark.usefixtures("file_kind")
+@pytest.mark.parametrize("file_kind", [FIELD_IDS, IMPORTED], indirect=True)
 def test_filtered_scan_prunes_by_new_metrics(catalog: Catalog) -> None:
-    """Clustered appends compact into files with disjoint event_id ranges that scans can skip."""
+    """Clustered appends compact into files with disjoint event_id ranges that scans can skip
+    (the appends' files with field ids, or imported without them)."""
     table = catalog.create_table("db.t", SCHEMA, partition_spec=SPEC)
     rng = random.Random(9)
     rows = 250
@@ -59,7 +71,7 @@ def test_filtered_scan_prunes_by_new_metrics(catalog: Catalog) -> None:
                 columns["region"].append(region)
                 columns["note"].append(None if i % 10 == 0 else f"note-{i}")
                 columns["payload"].append(rng.randbytes(500))
-        table.append(pa.table(columns, schema=table.schema().as_arrow()))
+        append_rows(table, pa.table(columns, schema=table.schema().as_arrow()))
     before = catalog.load_table("db.t")
 
     _, after, _ = compact_and_verify(catalog, "db.t", target_file_size="256KiB")

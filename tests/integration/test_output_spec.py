@@ -1,5 +1,6 @@
 """``--output-spec-id``: files of older partition specs are rewritten into the given spec, split
-by its partitions; rows, partition values and Iceberg Java's reading stay right."""
+by its partitions; rows, partition values and Iceberg Java's reading stay right, files with
+field ids and files imported without them (read through the table's name mapping) alike."""
 
 from __future__ import annotations
 
@@ -22,11 +23,17 @@ from support.java_reader import assert_java_reads_same, java_read
 from support.rows import assert_same_rows, scan_rows
 from support.runs import DEFAULT_OPTIONS
 from support.tables import (
+    FIELD_IDS,
+    IMPORTED,
+    append_rows,
     assert_rows_match_partition,
+    events_table,
+    files_without_field_ids,
     live_data_files,
     live_delete_files,
     live_entries,
     read_data_file,
+    unmapped_snapshots,
 )
 
 TABLE = "db.events"
@@ -35,13 +42,14 @@ TABLE = "db.events"
 @pytest.fixture
 def evolved(catalog: Catalog) -> Table:
     """Spec 0 (day, region: 3 x 4 partitions, 4 files each), then spec 1 adds bucket(4, user_id)
-    and drops the day (2 more commits in it)."""
-    table = create_events_table(catalog, TABLE, commits=4, rows_per_commit=480)
+    and drops the day (2 more commits in it); rows appended with
+    :func:`support.tables.append_rows`."""
+    table = events_table(catalog, TABLE, commits=4, rows_per_commit=480)
     with table.update_spec() as update:
         update.add_field("user_id", BucketTransform(4), "user_bucket")
         update.remove_field("ts_day")
     for commit in (10, 11):
-        table.append(events_batch(commit=commit, rows=480, days=3))
+        append_rows(table, events_batch(commit=commit, rows=480, days=3))
     table = catalog.load_table(TABLE)
     assert table.metadata.default_spec_id == 1
     assert {f.spec_id for f in live_data_files(table).values()} == {0, 1}
@@ -58,6 +66,8 @@ def _compact(
     return compaction.compact_table(table, resolved)
 
 
+@pytest.mark.usefixtures("file_kind")
+@pytest.mark.parametrize("file_kind", [FIELD_IDS, IMPORTED], indirect=True)
 def test_files_of_the_old_spec_move_into_the_new_one(catalog: Catalog, evolved: Table) -> None:
     before = scan_rows(evolved)
     old_files = [f for f in live_data_files(evolved).values() if f.spec_id == 0]
@@ -79,7 +89,8 @@ def test_files_of_the_old_spec_move_into_the_new_one(catalog: Catalog, evolved: 
     partitions = [tuple(f.partition) for f in live if prefix in f.file_path]
     assert len(partitions) == len(set(partitions)) == 4 * 5
     assert_same_rows(before, scan_rows(table))
-    assert_java_reads_same(table)
+    assert files_without_field_ids(table) == [], "Java compares the current rows"
+    assert_java_reads_same(table, unmapped_snapshots(table))
 
 
 def test_without_the_option_files_keep_their_spec(catalog: Catalog, evolved: Table) -> None:

@@ -1,7 +1,8 @@
 """Sort and z-order rewrites: the same rows, written in order, files with non-overlapping ranges.
 
 Every row test runs on both read paths (bulk and Iceberg) and ends with Iceberg Java reading
-the same rows (compact_and_verify).
+the same rows (compact_and_verify); a sort by a renamed column and a z-order also run on
+imported files (without field ids, read through the table's name mapping), on the bulk path.
 """
 
 from __future__ import annotations
@@ -47,7 +48,14 @@ from compactor.planning.tasks import RewriteTask
 from compactor.rewrite.task_runner import TaskCancelled, run_task
 
 from support.runs import compact_and_verify, planned_tasks
-from support.tables import live_data_files, local_path, read_data_file
+from support.tables import (
+    FIELD_IDS,
+    IMPORTED,
+    append_rows,
+    live_data_files,
+    local_path,
+    read_data_file,
+)
 
 pytestmark = pytest.mark.usefixtures("read_path")
 
@@ -67,6 +75,17 @@ BY_REGION = PartitionSpec(
 SMALL = {"target_file_size": "100KiB", "allow_small_target": True, "min_input_files": 2}
 COMMITS, ROWS = 12, 1250
 START = datetime(2026, 1, 1)
+# Both read paths on files with field ids; imported files on the bulk path, whose reading
+# through the name mapping is compactor's own.
+WITH_IMPORTED = pytest.mark.parametrize(
+    ("read_path", "file_kind"),
+    [
+        pytest.param("bulk", FIELD_IDS, id="bulk"),
+        pytest.param("iceberg", FIELD_IDS, id="iceberg"),
+        pytest.param("bulk", IMPORTED, id="bulk-imported"),
+    ],
+    indirect=True,
+)
 
 
 def _rows(commit: int, rng: np.random.Generator, regions: tuple[str, ...]) -> dict[str, list]:
@@ -114,7 +133,7 @@ def _table(
         rows = _rows(commit, rng, regions)
         if evolve and commit >= COMMITS // 2:
             rows["why"] = rows.pop("y")
-        table.append(pa.table(rows, schema=table.schema().as_arrow()))
+        append_rows(table, pa.table(rows, schema=table.schema().as_arrow()))
     return table
 
 
@@ -280,12 +299,16 @@ def test_nans_and_nulls_in_the_sort_key_keep_every_row_in_order(catalog: Catalog
     assert pc.sum(pc.is_nan(before.column("x"))).as_py() > 0
 
 
+@pytest.mark.usefixtures("file_kind")
+@WITH_IMPORTED
 def test_sort_after_a_schema_change_uses_the_current_names(catalog: Catalog) -> None:
     _table(catalog, evolve=True)
     _, table, _ = compact_and_verify(catalog, "db.t", **SMALL, strategy="sort", sort_order="why")
     _assert_ranges_do_not_overlap(table, field_id=4)
 
 
+@pytest.mark.usefixtures("file_kind")
+@WITH_IMPORTED
 def test_zorder_clusters_both_columns_better_than_binpack(catalog: Catalog) -> None:
     def mean_box(table: Table) -> float:
         """The mean share of the (x, y) plane that a file's bounds cover."""
