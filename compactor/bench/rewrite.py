@@ -74,7 +74,8 @@ from compactor.execute.executors import Executor, Outcome
 from compactor.iceberg.delete_files import commit_delete_files, write_equality_delete_file
 from compactor.iceberg.duckdb_views import duckdb_path
 from compactor.iceberg.pyiceberg_compat import parquet_writer_kwargs
-from compactor.options import resolve_options
+from compactor.options import RewriteOptions, resolve_options
+from compactor.options.defaults import DEFAULT_MIN_INPUT_FILES, MIN_FILE_SIZE_RATIO
 from compactor.planning.tasks import RewriteTask
 from compactor.rewrite import phase_times
 from compactor.rewrite.parquet_output import row_group_target
@@ -450,6 +451,21 @@ def breakdown(
     }
 
 
+def _refuse_nothing_to_rewrite(
+    table: Table, options: RewriteOptions, files: int, size: int
+) -> None:
+    """A usage error, before any phase runs, if compactor would plan no group for ``table``."""
+    from compactor.api import plan
+
+    if not plan(table, options).groups:
+        raise UsageError(
+            f"table {NAMESPACE}.{TABLE}: compactor finds nothing to rewrite in its {files:,} "
+            f"files ({size / MB:.1f} MB): a group needs {DEFAULT_MIN_INPUT_FILES} files under "
+            f"{MIN_FILE_SIZE_RATIO:.0%} of the target, or a target's worth; load more files "
+            "(--files) or set a larger --target-file-size"
+        )
+
+
 def compactor_phase(
     catalog_properties: dict[str, str],
     target: str,
@@ -740,6 +756,7 @@ def run_rewrite_benchmark(
         target_file_size=parameters.target_file_size,
         allow_small_target=parameters.allow_small_target,
     )
+    _refuse_nothing_to_rewrite(table, options, loaded.files, loaded.bytes)
     floor_settings = (
         options.plan.target_file_size,
         row_group_target(table.metadata.properties),  # counted in memory, as a plain writer can

@@ -607,6 +607,34 @@ def test_bad_rewrite_options_are_one_error_line_with_exit_code_2(tmp_path: Path)
         assert_one_error_line(run_cli(tmp_path, "bench", "rewrite", *args), 2, culprit)
 
 
+def test_a_rewrite_bench_where_compactor_finds_nothing_to_rewrite_is_an_error(
+    tmp_path: Path,
+) -> None:
+    """Three files are fewer than a group needs: one error line before any phase runs, no
+    report with a 0x ratio."""
+    out = tmp_path / "report"
+    result = run_cli(
+        tmp_path,
+        "bench",
+        "rewrite",
+        *SMALL,
+        "--files",
+        "3",
+        "--commits",
+        "3",
+        "--out",
+        str(out),
+    )
+
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and result.stderr.rstrip().endswith(errors[0])
+    assert "tpcds.store_sales" in errors[0] and "nothing to rewrite in its 3 files" in errors[0]
+    assert "--files" in errors[0]
+    assert "floor" not in result.stderr  # refused after loading, before the phases
+    assert not (out / "report.json").exists()
+
+
 # --- bench plan ------------------------------------------------------------------------------
 
 
