@@ -381,15 +381,20 @@ def _culprit(files: list[TaskInput], scanned: list[_Scannable], exc: Exception) 
 
     A scan of many files does not say which one failed: each is read again on its own (only
     on failure), and the first that fails is named. A corrupt page under a valid footer then
-    makes its file unreadable, as a corrupt footer does.
+    makes its file unreadable, as a corrupt footer does. A large file is read again as it was
+    read, streamed.
     """
     for f, one in zip(files, scanned, strict=True):
         fragment = one.fragment
         try:
-            dataset = ds.FileSystemDataset(
-                [fragment], one.projection.scan, FORMAT, fragment.filesystem
+            batches = (
+                _stream(fragment, one.projection.scan, MIN_BATCH_ROWS)
+                if one.large
+                else ds.FileSystemDataset(
+                    [fragment], one.projection.scan, FORMAT, fragment.filesystem
+                ).to_batches(use_threads=False)
             )
-            for _ in dataset.to_batches(use_threads=False):
+            for _ in batches:
                 pass
         except Exception as again:
             return file_error("data", f.path, again)

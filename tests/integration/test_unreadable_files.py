@@ -29,7 +29,7 @@ from compactor.planning.tasks import plan_tasks
 from compactor.rewrite.task_runner import run_task
 
 from support.rows import assert_same_rows, scan_rows
-from support.runs import DEFAULT_OPTIONS, run_compaction
+from support.runs import DEFAULT_OPTIONS, EVERY_READ_PATH, run_compaction
 from support.tables import live_data_files, local_path, records_by_partition, unreferenced_files
 
 if TYPE_CHECKING:
@@ -68,6 +68,7 @@ def broken(catalog: Catalog) -> tuple[Table, str, str]:
     return catalog.load_table(TABLE), truncated, deleted
 
 
+@pytest.mark.parametrize("read_path", EVERY_READ_PATH, indirect=True)
 def test_a_group_with_an_unreadable_file_is_compacted_around_it(
     catalog: Catalog, broken: tuple[Table, str, str], read_path: str
 ) -> None:
@@ -88,7 +89,7 @@ def test_a_group_with_an_unreadable_file_is_compacted_around_it(
     # One commit, no group failed: every partition is one new file, but for the bad files.
     assert data["failed_groups"] == [] and result.errors == []
     assert len(result.snapshot_ids) == 1 and data["committed_groups"] == len(REGIONS)
-    assert (data["bulk_read_files"] > 0) == (read_path == "bulk")
+    assert (data["bulk_read_files"] > 0) == (read_path != "iceberg")
     assert all(len(files_in(after, r)) == 1 for r in HEALTHY)
     assert_same_rows(healthy_rows, scan_rows(after, healthy_filter()))
     for region, bad in ((TRUNCATED, truncated), (DELETED, deleted)):
@@ -100,6 +101,7 @@ def test_a_group_with_an_unreadable_file_is_compacted_around_it(
 
 
 @pytest.mark.usefixtures("read_path")
+@pytest.mark.parametrize("read_path", EVERY_READ_PATH, indirect=True)
 def test_a_missing_or_truncated_object_in_s3_is_compacted_around(s3: S3Bucket) -> None:
     catalog = s3.catalog()
     table = create_events_table(catalog, TABLE, commits=3, rows_per_commit=100, days=1)
@@ -173,6 +175,7 @@ def damage_a_page(path: Path, column: str) -> None:
     path.write_bytes(bytes(data))
 
 
+@pytest.mark.parametrize("read_path", EVERY_READ_PATH, indirect=True)
 def test_a_damaged_page_under_a_valid_footer_is_compacted_around(
     catalog: Catalog, read_path: str
 ) -> None:
@@ -192,7 +195,7 @@ def test_a_damaged_page_under_a_valid_footer_is_compacted_around(
     assert skipped["reason"].startswith("corrupt data file: "), skipped
     assert [f["path"] for f in data["quarantined_files"]] == [damaged]
     assert data["committed_groups"] == len(REGIONS) and data["failed_groups"] == []
-    assert (data["bulk_read_files"] > 0) == (read_path == "bulk")
+    assert (data["bulk_read_files"] > 0) == (read_path != "iceberg")
     (added,) = files_in(after, TRUNCATED) - {damaged}
     assert files_in(after, TRUNCATED) & kept == {damaged} and added not in kept
     assert all(len(files_in(after, r)) == 1 for r in healthy)
@@ -200,6 +203,7 @@ def test_a_damaged_page_under_a_valid_footer_is_compacted_around(
     assert unreferenced_files(after) == []
 
 
+@pytest.mark.parametrize("read_path", EVERY_READ_PATH, indirect=True)
 def test_a_value_damaged_in_a_checksummed_page_is_caught_not_rewritten(
     catalog: Catalog, read_path: str
 ) -> None:
