@@ -407,16 +407,26 @@ class CancelAfter:
         return self.asked >= self.n
 
 
-def test_a_cancelled_task_leaves_no_output_file(catalog: Catalog) -> None:
+@pytest.mark.parametrize(
+    ("bulk_read", "asked"),
+    [
+        (True, 2),  # before it starts, after the first batch (small files' rows are joined)
+        (False, 3),  # before it starts, after the first file, after the second
+    ],
+    ids=["bulk", "each"],
+)
+def test_a_cancelled_task_leaves_no_output_file(
+    catalog: Catalog, bulk_read: bool, asked: int
+) -> None:
     table = create_events_table(catalog, "db.events", commits=5, rows_per_commit=3000, days=1)
-    _, (task, *_) = planned_tasks(table, "cancelled0001", **ROLLING)
+    _, (task, *_) = planned_tasks(table, "cancelled0001", **ROLLING, bulk_read=bulk_read)
     assert len(task.inputs) == 5
-    token = CancelAfter(3)  # asked before it starts, after the first file, after the second
+    token = CancelAfter(asked)
 
     with pytest.raises(TaskCancelled, match="stopped before group"):
         run_task(task, token)
 
-    assert token.asked == 3
+    assert token.asked == asked
     listed = listed_files(table.io, [p.as_uri() for p in _intent_files(table)])
     assert listed, "the task should have created an output before it was cancelled"
     assert not any(local_path(p).exists() for p in listed)
@@ -429,7 +439,7 @@ def test_orphans_keep_the_intent_files_of_a_recorded_run_and_what_they_list(
     table = create_events_table(catalog, "db.events", commits=5, rows_per_commit=3000, days=1)
     _, tasks = planned_tasks(table, "recorded0001", **ROLLING)
     with pytest.raises(TaskCancelled):
-        run_task(tasks[0], CancelAfter(4))  # leaves its intent file; its outputs are deleted
+        run_task(tasks[0], CancelAfter(2))  # leaves its intent file; its outputs are deleted
     result = run_task(tasks[1])  # leaves outputs and intent file, as a killed run would
     outputs = [local_path(d.file_path) for d in result.data_files]
     metadata = local_path(table.metadata.location) / "metadata"
