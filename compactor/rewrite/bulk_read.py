@@ -90,7 +90,6 @@ class _Scannable:
     projection: Projection
     constants: dict[int, pa.Scalar]
     deleted: list[pa.ChunkedArray] | None  # positions of its rows deleted
-    large: bool  # scanned alone, streamed
 
 
 @dataclass(frozen=True)
@@ -182,14 +181,7 @@ class BulkRead:
             constants = projection.constants(f.data_file, self._expected)
             if constants is None:
                 return None
-            return _Scannable(
-                f,
-                fragment,
-                projection,
-                constants,
-                self._positions.get(f.path),
-                self._kind(f) is _Kind.LARGE,
-            )
+            return _Scannable(f, fragment, projection, constants, self._positions.get(f.path))
 
     def items(self) -> Iterator[Item]:
         """The inputs' batches and markers, in plan order.
@@ -201,9 +193,9 @@ class BulkRead:
         """
         return _ahead(timed("decode", self._produce()), self._read_ahead)
 
-    def _chunks(self) -> Iterator[tuple[bool, list[TaskInput]]]:
-        """The inputs in order, as chunks to scan (at most CHUNK_FILES small files, or one large
-        one) and runs of the rest; with whether to scan them."""
+    def _chunks(self) -> Iterator[tuple[_Kind, list[TaskInput]]]:
+        """The inputs in order, as chunks of one kind: at most CHUNK_FILES small files, one
+        large one, or a run of the rest."""
         inputs, start = self._inputs, 0
         while start < len(inputs):
             end = start + 1
@@ -215,7 +207,7 @@ class BulkRead:
             }[kind]
             while end < stop and self._kind(inputs[end]) is kind:
                 end += 1
-            yield kind is not _Kind.EACH, inputs[start:end]
+            yield kind, inputs[start:end]
             start = end
 
     def _produce(self) -> Iterator[Item]:
@@ -223,28 +215,31 @@ class BulkRead:
         while this one is scanned."""
         with ThreadPoolExecutor(FOOTER_READERS) as pool:
             footer = carried(self._footer)
-            pending: tuple[list[TaskInput], list[Future[ds.ParquetFileFragment]]] | None = None
-            for bulk, chunk in self._chunks():
-                if bulk:
-                    reading = (chunk, [pool.submit(footer, f) for f in chunk])
-                    if pending is not None:
-                        yield from self._chunk_items(*pending)
-                    pending = reading
-                    continue
+            pending: tuple[_Kind, list[TaskInput], list[Future[ds.ParquetFileFragment]]] | None
+            pending = None
+            for kind, chunk in self._chunks():
+                reading = (
+                    None
+                    if kind is _Kind.EACH
+                    else (kind, chunk, [pool.submit(footer, f) for f in chunk])
+                )
                 if pending is not None:
                     yield from self._chunk_items(*pending)
-                    pending = None
-                yield ReadEach(chunk)
+                pending = reading
+                if reading is None:
+                    yield ReadEach(chunk)
             if pending is not None:
                 yield from self._chunk_items(*pending)
 
     def _chunk_items(
-        self, chunk: list[TaskInput], footers: list[Future[ds.ParquetFileFragment]]
+        self, kind: _Kind, chunk: list[TaskInput], footers: list[Future[ds.ParquetFileFragment]]
     ) -> Iterator[Item]:
         scannable = [self._scannable(f, x.result()) for f, x in zip(chunk, footers, strict=True)]
-        yield from self._runs(chunk, scannable)
+        yield from self._runs(chunk, scannable, streamed=kind is _Kind.LARGE)
 
-    def _runs(self, chunk: list[TaskInput], files: list[_Scannable | None]) -> Iterator[Item]:
+    def _runs(
+        self, chunk: list[TaskInput], files: list[_Scannable | None], *, streamed: bool
+    ) -> Iterator[Item]:
         """Consecutive files of ``chunk`` scanned together where they can be, in order."""
         i = 0
         while i < len(chunk):
@@ -267,13 +262,13 @@ class BulkRead:
                     j += 1
                 run = [f for f in files[i:j] if f is not None]
                 try:
-                    yield from _coalesced(self._scan(run), self._read_ahead // 16)
+                    yield from _coalesced(self._scan(run, streamed), self._read_ahead // 16)
                 except Exception as exc:
-                    raise _culprit(chunk[i:j], run, exc) from exc
+                    raise _culprit(chunk[i:j], run, exc, streamed) from exc
                 yield BulkDone(chunk[i:j])
             i = j
 
-    def _scan(self, files: list[_Scannable]) -> Iterator[pa.RecordBatch]:
+    def _scan(self, files: list[_Scannable], streamed: bool) -> Iterator[pa.RecordBatch]:
         fragments = [f.fragment for f in files]
         projection = files[0].projection
         rows = sum(f.metadata.num_rows for f in fragments)
@@ -289,7 +284,7 @@ class BulkRead:
         batch_rows = min(max(self._read_ahead // (16 * row_bytes), MIN_BATCH_ROWS), MAX_BATCH_ROWS)
         as_scanned = projection.scan.equals(self._expected, check_metadata=True)
         tagged: Iterator[tuple[_Scannable, pa.RecordBatch]]
-        if files[0].large:
+        if streamed:
             # The dataset scanner decodes a whole row group at a time (hundreds of MB in a
             # file written as one row group): a large file is streamed batch by batch instead,
             # in quarter batches (row_bytes counts encoded bytes, a few times fewer than
@@ -376,7 +371,9 @@ def _stream(
                 )
 
 
-def _culprit(files: list[TaskInput], scanned: list[_Scannable], exc: Exception) -> DataFileError:
+def _culprit(
+    files: list[TaskInput], scanned: list[_Scannable], exc: Exception, streamed: bool
+) -> DataFileError:
     """The error naming the file of a bulk run that ``exc``, raised scanning the run, came from.
 
     A scan of many files does not say which one failed: each is read again on its own (only
@@ -389,7 +386,7 @@ def _culprit(files: list[TaskInput], scanned: list[_Scannable], exc: Exception) 
         try:
             batches = (
                 _stream(fragment, one.projection.scan, MIN_BATCH_ROWS)
-                if one.large
+                if streamed
                 else ds.FileSystemDataset(
                     [fragment], one.projection.scan, FORMAT, fragment.filesystem
                 ).to_batches(use_threads=False)

@@ -182,9 +182,9 @@ def test_consecutive_files_on_one_file_system_are_scanned_together(
     scans: list[int] = []
     scan = BulkRead._scan
 
-    def counting(self: BulkRead, fragments: list) -> Iterator[pa.RecordBatch]:
+    def counting(self: BulkRead, fragments: list, streamed: bool) -> Iterator[pa.RecordBatch]:
         scans.append(len(fragments))
-        return scan(self, fragments)
+        return scan(self, fragments, streamed)
 
     monkeypatch.setattr(BulkRead, "_scan", counting)
     _table(catalog, appends=5)
@@ -203,8 +203,8 @@ def test_a_bulk_scan_failing_for_no_one_file_fails_its_group_naming_the_files(
     taken for unreadable, nothing is committed."""
     scan = BulkRead._scan
 
-    def failing(self: BulkRead, fragments: list) -> Iterator[pa.RecordBatch]:
-        yield from scan(self, fragments[:1])
+    def failing(self: BulkRead, fragments: list, streamed: bool) -> Iterator[pa.RecordBatch]:
+        yield from scan(self, fragments[:1], streamed)
         raise OSError("AWS Error NETWORK_CONNECTION during GetObject operation: curlCode: 56")
 
     monkeypatch.setattr(BulkRead, "_scan", failing)
