@@ -18,9 +18,9 @@ from typing import Any
 
 import duckdb
 
+from compactor.bench.phases import PhaseUsage, in_fresh_process
 from compactor.bench.planning import TABLE, PlanParameters, build_table
 from compactor.bench.progress import Steps
-from compactor.bench.rewrite import PhaseUsage, in_fresh_process
 from compactor.bench.tpcds import NAMESPACE
 from compactor.bench.warehouse import Warehouse
 from compactor.errors import UsageError

@@ -52,8 +52,8 @@ from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.schema import Schema
 from pyiceberg.typedef import Record
 
+from compactor.bench.phases import PhaseUsage, in_fresh_process
 from compactor.bench.progress import Steps
-from compactor.bench.rewrite import PhaseUsage, in_fresh_process
 from compactor.bench.tpcds import (
     GENERATOR_FILE,
     NAMESPACE,

@@ -36,28 +36,27 @@ back on its snapshot before the conversion, so both remedies start from the same
 
 from __future__ import annotations
 
-import contextlib
 import math
-import multiprocessing
-import os
-import resource
 import shutil
-import threading
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import duckdb
-import pyarrow as pa
-import pyarrow.dataset as ds
-import pyarrow.parquet as pq
 from pyiceberg.table import Table
 from pyiceberg.typedef import Record
 
 from compactor.bench.imported_table import import_without_field_ids
+from compactor.bench.phases import (
+    BenchTable,
+    compactor_phase,
+    conversion_phase,
+    floor_phase,
+    in_fresh_process,
+    in_fresh_processes,
+    rates,
+)
 from compactor.bench.progress import Steps
 from compactor.bench.tpcds import (
     GENERATOR_FILE,
@@ -67,28 +66,21 @@ from compactor.bench.tpcds import (
     load_table,
     load_table_in_files,
 )
-from compactor.bench.warehouse import Warehouse
+from compactor.bench.warehouse import CATALOG_NAME, Warehouse
 from compactor.errors import UsageError
-from compactor.execute import make_executor
-from compactor.execute.executors import Executor, Outcome
 from compactor.iceberg.delete_files import commit_delete_files, write_equality_delete_file
 from compactor.iceberg.duckdb_views import duckdb_path
 from compactor.iceberg.pyiceberg_compat import parquet_writer_kwargs
 from compactor.options import RewriteOptions, resolve_options
 from compactor.options.defaults import DEFAULT_MIN_INPUT_FILES, MIN_FILE_SIZE_RATIO
-from compactor.planning.tasks import RewriteTask
-from compactor.rewrite import phase_times
 from compactor.rewrite.parquet_output import row_group_target
-from compactor.rewrite.task_runner import CancelToken
-from compactor.sizes import parse_size, proc_status_bytes
+from compactor.sizes import parse_size
 
 MB = 10**6
 TABLE = "store_sales"
 # store_sales' key, and how many commits --equality-deletes spreads its deletes over.
 DELETE_KEY = ("ss_item_sk", "ss_ticket_number")
 DELETE_COMMITS = 10
-# A file is closed once it is this close to the target (as compactor's writer does).
-FILL_RATIO = 0.97
 
 
 DEFAULT_SCALE_FACTOR = 1.0
@@ -252,205 +244,6 @@ def rewrite_parameters(
     )
 
 
-class PhaseUsage:
-    """Wall time, CPU time and peak RSS of this process from now on (one phase).
-
-    On Linux the RSS high-water mark is reset first (``/proc/self/clear_refs``), so the peak
-    is the phase's own and not an earlier one's, nor the parent's before ``exec``.
-    """
-
-    def __init__(self) -> None:
-        with contextlib.suppress(OSError):
-            Path("/proc/self/clear_refs").write_text("5")
-        self.baseline_rss = proc_status_bytes("VmRSS")
-        self._cpu = _cpu_seconds()
-        # time.monotonic() is one clock for every process of the machine (CLOCK_MONOTONIC on
-        # Linux): the 2-process floor's wall time is the span of its halves' start and end.
-        self._started_at = time.monotonic()
-        self._started = time.perf_counter()
-
-    def elapsed(self) -> float:
-        """Seconds since the phase began."""
-        return time.perf_counter() - self._started
-
-    def mark(self) -> Mark:
-        """Where the phase stands now (see :class:`Mark`)."""
-        return Mark(self.elapsed(), _cpu_seconds() - self._cpu, _native_thread_cpu())
-
-    def resources(self) -> dict[str, Any]:
-        """CPU seconds since the phase began, peak RSS during it and RSS when it began."""
-        return {
-            "cpu_seconds": round(_cpu_seconds() - self._cpu, 3),
-            "peak_rss_bytes": proc_status_bytes("VmHWM"),
-            "baseline_rss_bytes": self.baseline_rss,
-        }
-
-    def result(self, input_bytes: int, outputs: list[int], input_files: int) -> dict[str, Any]:
-        return {
-            **_rates(self.elapsed(), input_bytes, input_files),
-            **self.resources(),
-            "input_files": input_files,
-            "input_bytes": input_bytes,
-            "output_files": len(outputs),
-            "output_bytes": sum(outputs),
-            "output_file_sizes": sorted(outputs),
-            "started_at": self._started_at,
-            "finished_at": time.monotonic(),
-        }
-
-
-def _rates(seconds: float, input_bytes: int, input_files: int) -> dict[str, Any]:
-    rate = input_bytes / MB / seconds if seconds > 0 else 0.0
-    return {
-        "seconds": round(seconds, 3),
-        "mb_per_s": round(rate, 2),
-        "mb_per_s_per_core": round(rate / multiprocessing.cpu_count(), 2),
-        "files_per_s": round(input_files / seconds, 1) if seconds > 0 else 0.0,
-    }
-
-
-def _cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-class Mark(NamedTuple):
-    """A moment of a phase: seconds and CPU seconds since it began, and the CPU seconds so far
-    of the threads of the process that Python did not start (pyarrow's thread pools)."""
-
-    seconds: float
-    cpu_seconds: float
-    native_cpu_seconds: float
-
-
-def _native_thread_cpu() -> float:
-    """CPU seconds of this process's live threads unknown to Python, from ``/proc`` (Linux;
-    0 elsewhere): pyarrow's thread pools, which decode what its scanners read."""
-    python = {t.native_id for t in threading.enumerate()}
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0
-    with contextlib.suppress(OSError):
-        for task in Path("/proc/self/task").iterdir():
-            if int(task.name) in python:
-                continue
-            with contextlib.suppress(OSError):  # the thread has ended
-                stat = (task / "stat").read_text()
-                utime, stime = stat[stat.rindex(")") + 2 :].split()[11:13]
-                total += int(utime) + int(stime)
-    return total / tick
-
-
-def floor_phase(
-    files: list[str],
-    out_dir: str,
-    input_bytes: int,
-    target: int,
-    row_group_size: int,
-    writer_kwargs: dict[str, Any],
-) -> dict[str, Any]:
-    """Read ``files`` with pyarrow and write them into target-size Parquet files in ``out_dir``."""
-    usage = PhaseUsage()
-    dataset = ds.dataset(files, format="parquet")
-    budget = min(row_group_size, target)
-    outputs: list[int] = []
-    writer: pq.ParquetWriter | None = None
-    sink: pa.NativeFile | None = None
-    pending: list[pa.RecordBatch] = []
-    buffered = 0
-
-    def flush() -> None:
-        nonlocal writer, sink, pending, buffered
-        if writer is None:
-            sink = pa.OSFile(f"{out_dir}/floor-{len(outputs):05d}.parquet", "wb")
-            writer = pq.ParquetWriter(
-                sink, dataset.schema, store_decimal_as_integer=True, **writer_kwargs
-            )
-        rows = pa.Table.from_batches(pending, schema=dataset.schema)
-        writer.write_table(rows, row_group_size=max(rows.num_rows, 1))
-        pending, buffered = [], 0
-        assert sink is not None
-        if sink.tell() >= target * FILL_RATIO:
-            close()
-
-    def close() -> None:
-        nonlocal writer, sink
-        if writer is not None and sink is not None:
-            writer.close()
-            outputs.append(sink.tell())
-            sink.close()
-            writer = sink = None
-
-    for batch in dataset.to_batches(use_threads=True):
-        pending.append(batch)
-        buffered += batch.nbytes
-        if buffered >= budget:
-            flush()
-    if pending:
-        flush()
-    close()
-    return usage.result(input_bytes, outputs, len(files))
-
-
-# Where a rewrite task's CPU goes (compactor.rewrite.phase_times), in the order of the work.
-TASK_PHASES = ("open_footer", "projection", "decode", "read_each", "write", "statistics")
-
-
-class StageClock:
-    """compactor's executor, marking the phase (:meth:`PhaseUsage.mark`) when tasks are first
-    handed to it (planning done) and when the last result comes back (the commit next)."""
-
-    def __init__(self, executor: Executor, mark: Callable[[], Mark]) -> None:
-        self._executor, self._mark = executor, mark
-        self.planned: Mark | None = None
-        self.rewritten: Mark | None = None
-
-    def run(
-        self, tasks: Sequence[RewriteTask], cancel: CancelToken
-    ) -> Iterator[tuple[RewriteTask, Outcome]]:
-        self.planned = self.planned or self._mark()
-        for outcome in self._executor.run(tasks, cancel):
-            self.rewritten = self._mark()
-            yield outcome
-
-    def close(self) -> None:
-        self._executor.close()
-
-
-def breakdown(
-    phase: Mapping[str, Any], stages: StageClock, tasks: Sequence[Mapping[str, float]]
-) -> dict[str, Any]:
-    """Where compactor's ``phase`` went: wall and CPU seconds of planning (with the run's start),
-    the rewrite and the commit (with the run's end), in turn; the rewrite's CPU split into the
-    ``tasks``' phases (their threads' own CPU), pyarrow's threads, and the rest (threads that
-    ended, the interpreter between phases); and CPU milliseconds per input file."""
-    seconds, cpu = phase["seconds"], phase["cpu_seconds"]
-    planned = stages.planned or Mark(seconds, cpu, 0.0)
-    rewritten = stages.rewritten or planned
-    in_tasks = {name: sum(t.get(name, 0.0) for t in tasks) for name in TASK_PHASES}
-    pyarrow_threads = rewritten.native_cpu_seconds - planned.native_cpu_seconds
-    rewrite_cpu = rewritten.cpu_seconds - planned.cpu_seconds
-    parts = {
-        "plan": planned.cpu_seconds,
-        **in_tasks,
-        "pyarrow_threads": pyarrow_threads,
-        "rewrite_other": rewrite_cpu - pyarrow_threads - sum(in_tasks.values()),
-        "commit": cpu - rewritten.cpu_seconds,
-    }
-    files = max(phase["input_files"], 1)
-    return {
-        "seconds": {
-            "plan": round(planned.seconds, 3),
-            "rewrite": round(rewritten.seconds - planned.seconds, 3),
-            "commit": round(seconds - rewritten.seconds, 3),
-        },
-        "cpu_seconds": {name: round(value, 3) for name, value in parts.items()},
-        "cpu_ms_per_file": {
-            **{name: round(value * 1000 / files, 4) for name, value in parts.items()},
-            "total": round(cpu * 1000 / files, 4),
-        },
-    }
-
-
 def _refuse_nothing_to_rewrite(
     table: Table, options: RewriteOptions, files: int, size: int
 ) -> None:
@@ -464,87 +257,6 @@ def _refuse_nothing_to_rewrite(
             f"{MIN_FILE_SIZE_RATIO:.0%} of the target, or a target's worth; load more files "
             "(--files) or set a larger --target-file-size"
         )
-
-
-def compactor_phase(
-    catalog_properties: dict[str, str],
-    target: str,
-    allow_small_target: bool,
-    parallelism: int | None = None,
-    max_group_size: str | None = None,
-    memory_limit: str | None = None,
-) -> dict[str, Any]:
-    """Compact ``tpcds.store_sales`` with compactor's defaults and the options given, timing
-    its stages and its tasks' phases (:func:`breakdown`)."""
-    from pyiceberg.catalog.sql import SqlCatalog
-
-    from compactor.api import compact
-    from compactor.bench.warehouse import CATALOG_NAME
-
-    identifier = f"{NAMESPACE}.{TABLE}"
-    table = SqlCatalog(CATALOG_NAME, **catalog_properties).load_table(identifier)
-    options = resolve_options(
-        identifier,
-        table.metadata.properties,
-        target_file_size=target,
-        allow_small_target=allow_small_target,
-        parallelism=parallelism,
-        max_group_size=max_group_size,
-        memory_limit=memory_limit,
-    )
-    phase_times.enable()
-    usage = PhaseUsage()
-    stages = StageClock(make_executor(options.execution), usage.mark)
-    try:
-        result = compact(table, options, executor=stages)
-    finally:
-        stages.close()
-    outputs = [d.file_size_in_bytes for r in result.committed for d in r.data_files]
-    input_files = sum(len(g.files) for g in result.committed_groups)
-    measured = usage.result(sum(r.input_bytes for r in result.committed), outputs, input_files)
-    return {
-        **measured,
-        "groups": len(result.plan.groups),
-        "parallelism": options.execution.parallelism,
-        "max_group_size": options.plan.max_group_size,
-        "memory_limit": options.execution.memory_limit,
-        "records_written": sum(r.records_read for r in result.committed),
-        "rows_deleted": sum(r.rows_deleted for r in result.committed),
-        "bulk_read_files": sum(r.bulk_read_files for r in result.committed),
-        "breakdown": breakdown(measured, stages, [r.phase_times for r in result.committed]),
-    }
-
-
-def conversion_phase(catalog_properties: dict[str, str]) -> dict[str, Any]:
-    """Convert the equality deletes of ``tpcds.store_sales`` into position deletes, as
-    ``compactor rewrite-deletes`` would: only the key columns of the data files are read."""
-    from pyiceberg.catalog.sql import SqlCatalog
-
-    from compactor.api import rewrite_deletes
-    from compactor.bench.warehouse import CATALOG_NAME
-
-    table = SqlCatalog(CATALOG_NAME, **catalog_properties).load_table(f"{NAMESPACE}.{TABLE}")
-    usage = PhaseUsage()
-    result = rewrite_deletes(table)
-    seconds = usage.elapsed()
-    assert result.equality_conversion is not None
-    converted = result.equality_conversion.to_dict()
-    return {
-        "seconds": round(seconds, 3),
-        **usage.resources(),
-        "bytes_read": converted["key_bytes_read"],
-        **{
-            key: converted[key]
-            for key in (
-                "equality_delete_files_converted",
-                "position_delete_files_written",
-                "deletion_vectors_written",
-                "data_files_read",
-                "key_bytes_read",
-                "rows_matched",
-            )
-        },
-    }
 
 
 def add_equality_deletes(
@@ -576,40 +288,6 @@ def add_equality_deletes(
     return {"keys": keys.num_rows, "files": files, "fraction": fraction}
 
 
-def _spawn_pool() -> ProcessPoolExecutor:
-    return ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
-
-
-def in_fresh_process(function: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
-    """Run ``function(*args)`` in a new (spawned) process and return its result."""
-    with _spawn_pool() as pool:
-        return pool.submit(function, *args).result()
-
-
-def _ready() -> int:
-    """A no-op: run first in a fresh process, it has the process import this module."""
-    return os.getpid()
-
-
-def in_fresh_processes(
-    function: Callable[..., dict[str, Any]], calls: Sequence[tuple[Any, ...]]
-) -> list[dict[str, Any]]:
-    """Run ``function(*args)`` for each of ``calls`` at once, each in its own new process.
-
-    The processes are started and have imported this module before any call begins, so the
-    calls start together, not one process start-up apart.
-    """
-    pools = [_spawn_pool() for _ in calls]
-    try:
-        for started in [pool.submit(_ready) for pool in pools]:
-            started.result()
-        futures = [pool.submit(function, *args) for pool, args in zip(pools, calls, strict=True)]
-        return [future.result() for future in futures]
-    finally:
-        for pool in pools:
-            pool.shutdown()
-
-
 def split_by_bytes(files: Sequence[tuple[str, int]], parts: int) -> list[list[tuple[str, int]]]:
     """``files`` (path, size), in order, cut into up to ``parts`` consecutive runs of about
     equal bytes: each file goes to the part its middle byte falls in (for two parts, neither
@@ -631,7 +309,7 @@ def _combine(halves: list[dict[str, Any]]) -> dict[str, Any]:
     input_files = sum(h["input_files"] for h in halves)
     sizes = sorted(size for h in halves for size in h["output_file_sizes"])
     return {
-        **_rates(seconds, input_bytes, input_files),
+        **rates(seconds, input_bytes, input_files),
         "cpu_seconds": round(sum(h["cpu_seconds"] for h in halves), 3),
         "peak_rss_bytes": max(h["peak_rss_bytes"] for h in halves),
         "peak_rss_sum_bytes": sum(h["peak_rss_bytes"] for h in halves),
@@ -795,7 +473,10 @@ def run_rewrite_benchmark(
     conversion = None
     if deletes.get("files"):
         with steps.step("converting the equality deletes (fresh process)"):
-            conversion = in_fresh_process(conversion_phase, warehouse.catalog_properties)
+            conversion = in_fresh_process(
+                conversion_phase,
+                BenchTable(CATALOG_NAME, warehouse.catalog_properties, f"{NAMESPACE}.{TABLE}"),
+            )
         _roll_back(warehouse, table)
         steps.note(
             f"conversion: {conversion['seconds']:.1f}s, {conversion['cpu_seconds']:.1f} CPU s, "
@@ -805,7 +486,7 @@ def run_rewrite_benchmark(
         compacted = _without_clock(
             in_fresh_process(
                 compactor_phase,
-                warehouse.catalog_properties,
+                BenchTable(CATALOG_NAME, warehouse.catalog_properties, f"{NAMESPACE}.{TABLE}"),
                 parameters.target_file_size,
                 parameters.allow_small_target,
                 parameters.parallelism,

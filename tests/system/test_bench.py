@@ -20,8 +20,9 @@ from pyiceberg.catalog.sql import SqlCatalog
 from typer.testing import CliRunner
 
 from compactor.bench import query_benchmark
+from compactor.bench.phases import TASK_PHASES
 from compactor.bench.queries import same_results
-from compactor.bench.rewrite import TASK_PHASES, WORKLOADS, rewrite_parameters, split_by_bytes
+from compactor.bench.rewrite import WORKLOADS, rewrite_parameters, split_by_bytes
 from compactor.bench.s3_local import RequestCounter
 from compactor.bench.tpcds import DEFAULT_QUERIES, NAMESPACE
 from compactor.bench.warehouse import CATALOG_FILE, CATALOG_NAME, WAREHOUSE_DIR
