@@ -194,6 +194,40 @@ def test_equality_deletes_are_applied_and_retired(catalog: Catalog, java_reader:
 
 
 @pytest.mark.usefixtures("file_kind")
+def test_equality_deletes_converted_to_positions_hide_the_same_rows(catalog: Catalog) -> None:
+    """rewrite-deletes finds a delete's keys in the data files it reaches (in imported files
+    through the table's name mapping) and writes their positions instead: the same rows are
+    read, the data files are untouched, and no equality delete is left."""
+    table = _events(catalog)
+    old_eu = _region_files(table, "eu")
+    victims = sorted(read_data_file(table, old_eu[1]).column("event_id").to_pylist())[-3:]
+    eq_delete = write_equality_delete_file(
+        table,
+        ["event_id"],
+        [(v,) for v in victims],
+        spec_id=old_eu[1].spec_id,
+        partition=old_eu[1].partition,
+    )
+    table = commit_delete_files(table, [eq_delete], operation=Operation.OVERWRITE)
+    data_files = live_data_files(table)
+    stored = _stored_rows(table, data_files.values())
+    deleted = pc.and_(
+        pc.equal(stored["region"], "eu"), pc.is_in(stored["event_id"], pa.array(victims))
+    )
+    expected = stored.filter(pc.invert(deleted))
+    assert len(expected) == 4 * 400 - 3
+
+    result = compactor.rewrite_deletes(table)
+
+    after = catalog.load_table("db.ev")
+    assert result.equality_conversion is not None
+    assert result.equality_conversion.to_dict()["rows_matched"] == 3
+    assert live_data_files(after) == data_files
+    assert [f.equality_ids for f in live_delete_files(after).values()] == [None]
+    assert_same_rows(expected, scan_rows(after))
+
+
+@pytest.mark.usefixtures("file_kind")
 def test_delete_file_spanning_two_commits_is_retired_by_the_second(catalog: Catalog) -> None:
     """Partial progress: the data files of one delete file land in groups committed apart."""
     table = _events(catalog)

@@ -156,7 +156,10 @@ def watch_deletes(monkeypatch: pytest.MonkeyPatch) -> DeleteCalls:
 # --- 1. compaction -----------------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("file_kind")
 def test_compaction_on_s3(s3: S3Bucket) -> None:
+    """Files with field ids, and files imported without them (read through the name mapping
+    from S3), are compacted; the run leaves nothing behind in the bucket."""
     catalog, table = make_table(s3)
     before_snapshot = table.current_snapshot()
     assert before_snapshot is not None

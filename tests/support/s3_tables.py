@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 
-from compactor.bench.sample import REGIONS, create_events_table
+from compactor.bench.sample import REGIONS
 from compactor.iceberg.references import table_references
 
-from support.tables import live_data_files
+from support.tables import events_table, live_data_files
 
 if TYPE_CHECKING:
     from support.s3_server import S3Bucket
@@ -22,9 +22,10 @@ DATA_FILES = COMMITS * DAYS * len(REGIONS)
 
 
 def make_table(s3: S3Bucket) -> tuple[Catalog, Table]:
-    """``db.events``, fragmented: COMMITS appends of one small file per (day, region)."""
+    """``db.events``, fragmented: COMMITS appends of one small file per (day, region), as
+    :func:`support.tables.append_rows` writes them (a test's ``file_kind``)."""
     catalog = s3.catalog()
-    table = create_events_table(
+    table = events_table(
         catalog, TABLE, commits=COMMITS, rows_per_commit=ROWS_PER_COMMIT, days=DAYS
     )
     assert table.location().startswith(f"{s3.warehouse}/")
