@@ -583,9 +583,12 @@ def _run(
             if progress:
                 progress.start(plan)
 
+            # The plan's files stay in memory until the commit: the rewrite has what is left.
+            execution = options.execution.beside_plan(sum(len(g.files) for g in plan.groups))
+
             def tasks_of(groups: list[FileGroup]) -> list[RewriteTask]:
                 of_groups = replace(plan, groups=groups)
-                return plan_tasks(of_groups, run_id, table.io.properties, options.execution)
+                return plan_tasks(of_groups, run_id, table.io.properties, execution)
 
             commits = CommitManager(table, result, context, options.commit, scope)
             unreadable = _Unreadable(plan, quarantine, lambda group: tasks_of([group])[0])

@@ -8,7 +8,7 @@ the library spells them (``target_file_size``); the command line shows its flags
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -156,7 +156,8 @@ class CompactOptions(BaseModel):
         "at least 304MiB). It sets the buffers of each worker and, without --parallelism, how "
         "many run at once: one per 144MiB past 160MiB (two from 448MiB). With --executor ray: "
         "per Ray worker process. Planning keeps as many candidate files as half of it past "
-        "160MiB holds at 900 bytes each (130,489 at 384MiB); the others wait for the next run.",
+        "160MiB holds at 900 bytes each (130,489 at 384MiB); the others wait for the next run. "
+        "The workers' buffers shrink by what the plan keeps.",
     )
     min_file_size: Size | None = Field(
         None,
@@ -320,6 +321,22 @@ class ExecutionOptions:
     row_group_size: int = DEFAULT_ROW_GROUP_SIZE
     read_ahead: int = DEFAULT_READ_AHEAD
 
+    def beside_plan(self, planned_files: int) -> ExecutionOptions:
+        """These options for the rewrite of a plan that keeps ``planned_files`` input files in
+        this process (PLANNED_FILE_BYTES each) until its commit: threads of this process share
+        the memory limit with it, so their shares shrink (never below MIN_SHARE); tasks on a
+        Ray cluster run in processes of their own."""
+        if self.executor != "threads":
+            return self
+        share = worker_share(
+            self.memory_limit, self.parallelism or 1, planned_files * PLANNED_FILE_BYTES
+        )
+        return replace(
+            self,
+            row_group_size=min(self.row_group_size, share),
+            read_ahead=min(self.read_ahead, share),
+        )
+
 
 @dataclass(frozen=True)
 class CommitOptions:
@@ -451,6 +468,15 @@ def planning_budget(memory_limit: int) -> int:
     return int((memory_limit - PROCESS_ALLOWANCE) * PLANNING_MEMORY_SHARE) // PLANNED_FILE_BYTES
 
 
+def worker_share(memory_limit: int, workers: int, held: int = 0) -> int:
+    """Bytes of each of the three equal shares of a worker (rows read ahead, the row group being
+    filled, room to decode and encode) when ``workers`` run in a process under ``memory_limit``
+    beside ``held`` bytes of its own: what is left past the process allowance and the workers'
+    overheads, in thirds, at least MIN_SHARE."""
+    spare = memory_limit - PROCESS_ALLOWANCE - held - workers * WORKER_OVERHEAD
+    return max(MIN_SHARE, spare // (3 * workers))
+
+
 def resolve_options(table: str, table_properties: dict[str, str], **options: Any) -> RewriteOptions:
     """Combine options (see :class:`CompactOptions`) with the table's properties into RewriteOptions.
 
@@ -475,8 +501,7 @@ def resolve_options(table: str, table_properties: dict[str, str], **options: Any
     if workers is None and given.executor == "threads":
         workers = min(default_parallelism(), (limit - PROCESS_ALLOWANCE) // MIN_WORKER_MEMORY)
     in_process = workers if workers and given.executor == "threads" else 1
-    spare = limit - PROCESS_ALLOWANCE - in_process * WORKER_OVERHEAD
-    share = max(MIN_SHARE, spare // (3 * in_process))
+    share = worker_share(limit, in_process)
     # The table's row-group size counts written bytes (the writer closes row groups by it);
     # what a row group's rows may take in memory until it is written is one share.
     _int_property(table_properties, ROW_GROUP_SIZE_PROPERTY, table)

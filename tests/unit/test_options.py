@@ -72,6 +72,26 @@ def test_the_memory_limit_sizes_each_workers_buffers_and_caps_the_workers(
     assert resolve_options("db.t", {}).execution.memory_limit == defaults.DEFAULT_MEMORY_LIMIT
 
 
+def test_the_rewrite_gets_the_memory_the_plan_leaves(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The files a plan keeps stay in the process until its commit: a run's threads get their
+    shares of what is left, never less than the minimum; Ray tasks run in their own processes."""
+    monkeypatch.setattr(compact, "default_parallelism", lambda: 1)
+    mib = defaults.MiB
+    alone = resolve_options("db.t", {}, memory_limit="448MiB").execution
+    on_ray = resolve_options("db.t", {}, memory_limit="448MiB", executor="ray").execution
+    files_of = {held: held * mib // defaults.PLANNED_FILE_BYTES for held in (12, 120, 300)}
+
+    assert (alone.read_ahead, alone.row_group_size) == (64 * mib, 64 * mib)  # (288 - 96) / 3
+    assert alone.beside_plan(0) == alone
+    beside = alone.beside_plan(files_of[120])
+    assert beside.read_ahead == beside.row_group_size
+    assert beside.read_ahead // mib == 24  # (288 - 120 - 96) / 3
+    assert beside.parallelism == alone.parallelism
+    assert alone.beside_plan(files_of[300]).read_ahead == defaults.MIN_SHARE
+    assert alone.beside_plan(files_of[12]).read_ahead // mib == 60
+    assert on_ray.beside_plan(files_of[300]) == on_ray
+
+
 def test_a_memory_limit_below_the_minimum_is_a_usage_error_naming_it() -> None:
     with pytest.raises(
         UsageError, match=r"^memory_limit: 100.0 MiB is below the minimum 304.0 MiB"
