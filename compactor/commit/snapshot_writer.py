@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Collection
+from contextlib import ExitStack
 
 from pyiceberg.io import OutputFile
 from pyiceberg.manifest import (
@@ -35,7 +36,7 @@ from pyiceberg.table.update import (
 
 from compactor.iceberg.pyiceberg_compat import (
     delete_file_key,
-    manifest_entries,
+    iter_manifest_entries,
     manifest_writer,
     write_manifest_list,
 )
@@ -118,31 +119,55 @@ def carry_over(
 
     Keys are paths, and for deletion vectors path and blob offset (:func:`delete_file_key`).
     The manifest itself when it holds none of them, None when nothing else is left, otherwise a
-    new manifest with the other entries as EXISTING (sequence numbers kept).
+    new manifest with the other entries as EXISTING (sequence numbers kept). Entries are read
+    one at a time: only those before the first removed one are held (a manifest an earlier
+    rewrite wrote can hold a hundred thousand).
     """
     table = attempt.table
-    entries = manifest_entries(table.io, manifest, table.metadata.format_version)
-    keyed = [(delete_file_key(e.data_file), e) for e in entries]
-    kept = [e for key, e in keyed if key not in remove]
-    if len(kept) == len(entries):
-        return manifest
-    for key, e in keyed:
-        if key in remove:
-            removed(key, e)
-    if not kept:
-        return None
-    with attempt.manifest_writer(manifest.partition_spec_id, manifest.content) as writer:
-        for entry in kept:
-            writer.add_entry(
-                ManifestEntry.from_args(
-                    status=ManifestEntryStatus.EXISTING,
-                    snapshot_id=entry.snapshot_id,
-                    sequence_number=entry.sequence_number,
-                    file_sequence_number=entry.file_sequence_number,
-                    data_file=entry.data_file,
-                )
+    version = table.metadata.format_version
+    held: list[ManifestEntry] = []  # kept, before the first entry removed
+    any_removed = False
+    with ExitStack() as writing:
+        writer: ManifestWriter | None = None
+        for entry in iter_manifest_entries(table.io, manifest, version):
+            key = delete_file_key(entry.data_file)
+            if key in remove:
+                removed(key, entry)
+                any_removed = True
+            elif not any_removed:
+                held.append(entry)
+            else:
+                if writer is None:
+                    writer = writing.enter_context(
+                        attempt.manifest_writer(manifest.partition_spec_id, manifest.content)
+                    )
+                    _add_existing(writer, held)
+                    held = []
+                _add_existing(writer, [entry])
+        if not any_removed:
+            return manifest
+        if writer is None:
+            if not held:
+                return None
+            writer = writing.enter_context(
+                attempt.manifest_writer(manifest.partition_spec_id, manifest.content)
             )
+            _add_existing(writer, held)
     return writer.to_manifest_file()
+
+
+def _add_existing(writer: ManifestWriter, entries: list[ManifestEntry]) -> None:
+    """Add ``entries`` to ``writer`` as EXISTING, their snapshot and sequence numbers kept."""
+    for entry in entries:
+        writer.add_entry(
+            ManifestEntry.from_args(
+                status=ManifestEntryStatus.EXISTING,
+                snapshot_id=entry.snapshot_id,
+                sequence_number=entry.sequence_number,
+                file_sequence_number=entry.file_sequence_number,
+                data_file=entry.data_file,
+            )
+        )
 
 
 def branch_commit(

@@ -781,6 +781,13 @@ def manifest_entries(
     Read as pyiceberg's ``fetch_manifest_entry`` reads them (v3 fields kept for v3 tables), with
     the decoder built once per distinct file schema rather than once per file.
     """
+    return list(iter_manifest_entries(io, manifest, format_version, discard_deleted))
+
+
+def iter_manifest_entries(
+    io: FileIO, manifest: ManifestFile, format_version: int, discard_deleted: bool = True
+) -> Iterator[ManifestEntry]:
+    """The entries of :func:`manifest_entries`, one at a time as they are decoded."""
     read_version = 3 if format_version >= 3 else DEFAULT_READ_VERSION
     with _CachedReaderAvroFile(
         io.new_input(manifest.manifest_path),
@@ -788,7 +795,7 @@ def manifest_entries(
         read_types={-1: ManifestEntry, 2: DataFile},
         read_enums={0: ManifestEntryStatus, 101: FileFormat, 134: DataFileContent},
     ) as reader:
-        return with_inherited_values(reader, manifest, discard_deleted)
+        yield from _inheriting(reader, manifest, discard_deleted)
 
 
 def with_inherited_values(
@@ -798,10 +805,15 @@ def with_inherited_values(
     (snapshot id, sequence numbers, spec id; for v3, first row ids): see
     :func:`manifest_entries`. DELETED entries are let go of as they come when
     ``discard_deleted`` (a manifest can hold a hundred thousand, at ~10 KB each decoded)."""
+    return list(_inheriting(entries, manifest, discard_deleted))
+
+
+def _inheriting(
+    entries: Iterable[ManifestEntry], manifest: ManifestFile, discard_deleted: bool
+) -> Iterator[ManifestEntry]:
     next_row_id = manifest_first_row_id(manifest)
     if manifest.content != ManifestContent.DATA:
         next_row_id = None
-    kept = []
     for read in entries:
         entry = _inherit_from_manifest(read, manifest)
         data_file = entry.data_file
@@ -813,8 +825,7 @@ def with_inherited_values(
             data_file[_FIRST_ROW_ID] = next_row_id
             next_row_id += data_file.record_count
         if not discard_deleted or entry.status != ManifestEntryStatus.DELETED:
-            kept.append(entry)
-    return kept
+            yield entry
 
 
 class _V3Mixin(ManifestWriterV2):
