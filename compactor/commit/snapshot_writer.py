@@ -141,9 +141,9 @@ def carry_over(
                     writer = writing.enter_context(
                         attempt.manifest_writer(manifest.partition_spec_id, manifest.content)
                     )
-                    _add_existing(writer, held)
+                    add_existing(writer, held)
                     held = []
-                _add_existing(writer, [entry])
+                add_existing(writer, [entry])
         if not any_removed:
             return manifest
         if writer is None:
@@ -152,11 +152,11 @@ def carry_over(
             writer = writing.enter_context(
                 attempt.manifest_writer(manifest.partition_spec_id, manifest.content)
             )
-            _add_existing(writer, held)
+            add_existing(writer, held)
     return writer.to_manifest_file()
 
 
-def _add_existing(writer: ManifestWriter, entries: list[ManifestEntry]) -> None:
+def add_existing(writer: ManifestWriter, entries: list[ManifestEntry]) -> None:
     """Add ``entries`` to ``writer`` as EXISTING, their snapshot and sequence numbers kept."""
     for entry in entries:
         writer.add_entry(

@@ -139,6 +139,19 @@ def test_position_deletes_outside_where_are_kept(catalog: Catalog) -> None:
     assert not gone_us & set(scan_rows(after).column("event_id").to_pylist())
 
 
+def _delete_event_ids(table: Table, data_file: DataFile, event_ids: list[int]) -> Table:
+    """``table`` after a commit of an equality delete of ``event_ids`` in the partition of
+    ``data_file``."""
+    eq_delete = write_equality_delete_file(
+        table,
+        ["event_id"],
+        [(v,) for v in event_ids],
+        spec_id=data_file.spec_id,
+        partition=data_file.partition,
+    )
+    return commit_delete_files(table, [eq_delete], operation=Operation.OVERWRITE)
+
+
 def _stored_rows(table: Table, files: Iterable[DataFile]) -> pa.Table:
     """The rows stored in ``files``, no delete applied."""
     return pa.concat_tables(read_data_file(table, f) for f in files)
@@ -155,15 +168,8 @@ def test_equality_deletes_are_applied_and_retired(catalog: Catalog, java_reader:
     old_eu = _region_files(table, "eu")
     assert len(old_eu) == 4
     victims = sorted(read_data_file(table, old_eu[0]).column("event_id").to_pylist())[:3]
-    eq_delete = write_equality_delete_file(
-        table,
-        ["event_id"],
-        [(v,) for v in victims],
-        spec_id=old_eu[0].spec_id,
-        partition=old_eu[0].partition,
-    )
     older = list(live_data_files(table).values())
-    table = commit_delete_files(table, [eq_delete], operation=Operation.OVERWRITE)
+    table = _delete_event_ids(table, old_eu[0], victims)
     # Two more commits, newer than the delete; one of their eu rows takes a deleted key again.
     for commit in range(4, 6):
         rows = events_batch(commit, 400, 1).to_pylist()
@@ -201,14 +207,7 @@ def test_equality_deletes_converted_to_positions_hide_the_same_rows(catalog: Cat
     table = _events(catalog)
     old_eu = _region_files(table, "eu")
     victims = sorted(read_data_file(table, old_eu[1]).column("event_id").to_pylist())[-3:]
-    eq_delete = write_equality_delete_file(
-        table,
-        ["event_id"],
-        [(v,) for v in victims],
-        spec_id=old_eu[1].spec_id,
-        partition=old_eu[1].partition,
-    )
-    table = commit_delete_files(table, [eq_delete], operation=Operation.OVERWRITE)
+    table = _delete_event_ids(table, old_eu[1], victims)
     data_files = live_data_files(table)
     stored = _stored_rows(table, data_files.values())
     deleted = pc.and_(

@@ -63,6 +63,7 @@ from pyiceberg.types import (
     UUIDType,
 )
 
+from compactor.commit.snapshot_writer import add_existing
 from compactor.iceberg import pyiceberg_compat
 from compactor.iceberg.delete_files import commit_manifests
 from compactor.iceberg.pyiceberg_compat import (
@@ -459,16 +460,7 @@ def _rewrite_manifests(table: Table) -> Table:
             snapshot_id,
             "deflate",
         ) as writer:
-            for entry in live:
-                writer.add_entry(
-                    ManifestEntry.from_args(
-                        status=ManifestEntryStatus.EXISTING,
-                        snapshot_id=entry.snapshot_id,
-                        sequence_number=entry.sequence_number,
-                        file_sequence_number=entry.file_sequence_number,
-                        data_file=entry.data_file,
-                    )
-                )
+            add_existing(writer, live)
         manifests.append(writer.to_manifest_file())
     return commit_manifests(table, snapshot_id, manifests, Summary(Operation.REPLACE))
 
