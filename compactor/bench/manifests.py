@@ -18,11 +18,17 @@ from typing import Any
 
 import duckdb
 
-from compactor.bench.phases import PhaseUsage, in_fresh_process
+from compactor.bench.phases import (
+    BenchTable,
+    PhaseUsage,
+    in_fresh_process,
+    manifests_phase,
+    scan_phase,
+)
 from compactor.bench.planning import TABLE, PlanParameters, build_table
 from compactor.bench.progress import Steps
 from compactor.bench.tpcds import NAMESPACE
-from compactor.bench.warehouse import Warehouse
+from compactor.bench.warehouse import CATALOG_NAME, Warehouse
 from compactor.errors import UsageError
 
 IDENTIFIER = f"{NAMESPACE}.{TABLE}"
@@ -55,34 +61,6 @@ def manifest_parameters(
     if scale_factor <= 0:
         raise UsageError(f"--scale-factor: must be above 0, got {scale_factor}")
     return ManifestParameters(commits, rows_per_file, scale_factor, repetitions)
-
-
-def _load(catalog_properties: dict[str, str]) -> Any:
-    from pyiceberg.catalog.sql import SqlCatalog
-
-    from compactor.bench.warehouse import CATALOG_NAME
-    from compactor.iceberg import pyiceberg_compat
-
-    pyiceberg_compat.install()
-    return SqlCatalog(CATALOG_NAME, **catalog_properties).load_table(IDENTIFIER)
-
-
-def scan_phase(catalog_properties: dict[str, str]) -> dict[str, Any]:
-    """Load the table, then plan a full scan with pyiceberg; the measures."""
-    from compactor.planning.manifest_groups import manifest_stats
-
-    usage = PhaseUsage()
-    table = _load(catalog_properties)
-    loaded = usage.elapsed()
-    tasks = list(table.scan().plan_files())
-    total = usage.elapsed()
-    return {
-        "load_table_seconds": round(loaded, 3),
-        "plan_files_seconds": round(total - loaded, 3),
-        **usage.resources(),
-        "manifests": manifest_stats(table).total,
-        "files": len(tasks),
-    }
 
 
 def iceberg_duckdb() -> duckdb.DuckDBPyConnection:
@@ -140,35 +118,6 @@ def duckdb_scan_phase(metadata_location: str) -> dict[str, Any]:
     }
 
 
-def rewrite_phase(catalog_properties: dict[str, str]) -> dict[str, Any]:
-    """Load the table, then rewrite its manifests; the measures and the result."""
-    import compactor
-
-    usage = PhaseUsage()
-    table = _load(catalog_properties)
-    loaded = usage.elapsed()
-    result = compactor.rewrite_manifests(table)
-    total = usage.elapsed()
-    document = result.to_dict()
-    return {
-        "seconds": round(total - loaded, 3),
-        **usage.resources(),
-        **{
-            key: document[key]
-            for key in (
-                "manifests_before",
-                "manifests_after",
-                "entries",
-                "manifests_replaced",
-                "manifests_written",
-                "bytes_replaced",
-                "bytes_written",
-                "snapshot_id",
-            )
-        },
-    }
-
-
 def _median(runs: list[dict[str, Any]], key: str) -> dict[str, Any]:
     ordered = sorted(runs, key=lambda r: r[key])
     return ordered[(len(ordered) - 1) // 2]
@@ -197,23 +146,23 @@ def run_manifest_benchmark(
         f"built {built['table']}: {built['files']:,} files in {built['commits']:,} commits "
         f"({built['seconds']:.1f}s)"
     )
-    properties = warehouse.catalog_properties
+    bench_table = BenchTable(CATALOG_NAME, warehouse.catalog_properties, IDENTIFIER)
 
     def scans(when: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """pyiceberg's runs and DuckDB's, of the table's current snapshot."""
-        metadata_location = _load(properties).metadata_location
+        metadata_location = bench_table.load().metadata_location
         pyiceberg_runs, duckdb_runs = [], []
         for run in range(parameters.repetitions):
             of = f"{when}, run {run + 1} of {parameters.repetitions}"
             with steps.step(f"pyiceberg scan planning {of}"):
-                pyiceberg_runs.append(in_fresh_process(scan_phase, properties))
+                pyiceberg_runs.append(in_fresh_process(scan_phase, bench_table))
             with steps.step(f"DuckDB iceberg_scan planning {of}"):
                 duckdb_runs.append(in_fresh_process(duckdb_scan_phase, metadata_location))
         return pyiceberg_runs, duckdb_runs
 
     before, duckdb_before = scans("before")
     with steps.step("rewriting manifests (fresh process)"):
-        rewrite = in_fresh_process(rewrite_phase, properties)
+        rewrite = in_fresh_process(manifests_phase, bench_table)
     after, duckdb_after = scans("after")
     medians = {
         "scan_before": _median(before, "plan_files_seconds"),

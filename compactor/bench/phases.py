@@ -1,9 +1,10 @@
-"""What the benchmarks' fresh processes run, and how each measures itself.
+"""What the benchmarks' fresh processes run to measure compactor and plain pyarrow, and how each
+measures itself.
 
-A phase runs in a new (spawned) process so that its peak RSS is its own. This module imports
-no more than ``compactor run`` does (no DuckDB, nothing of the bench's loaders): a process that
-runs compactor's phase holds what a user's process would, and is measured against
-``--memory-limit`` as one.
+A phase runs in a new (spawned) process so that its peak RSS is its own. This module loads no
+more than ``compactor run`` does (no DuckDB, nothing of the bench's loaders): a phase of
+compactor's holds what a user's process would, and is measured against ``--memory-limit`` as
+one. DuckDB's own phases live beside their bench.
 """
 
 from __future__ import annotations
@@ -26,10 +27,13 @@ import pyarrow.parquet as pq
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.table import Table
 
-from compactor.api import compact, rewrite_deletes
+from compactor.api import compact, rewrite_deletes, rewrite_manifests
 from compactor.execute import make_executor
 from compactor.execute.executors import Executor, Outcome
+from compactor.iceberg import pyiceberg_compat
 from compactor.options import resolve_options
+from compactor.planning.manifest_groups import manifest_stats
+from compactor.planning.planner import plan_rewrite
 from compactor.planning.tasks import RewriteTask
 from compactor.rewrite import phase_times
 from compactor.rewrite.task_runner import CancelToken
@@ -316,6 +320,88 @@ def conversion_phase(bench_table: BenchTable) -> dict[str, Any]:
                 "data_files_read",
                 "key_bytes_read",
                 "rows_matched",
+            )
+        },
+    }
+
+
+def plan_phase(
+    bench_table: BenchTable,
+    target: str,
+    allow_small_target: bool,
+    memory_limit: str | None = None,
+) -> dict[str, Any]:
+    """Load ``bench_table``, then plan its compaction as a run under ``memory_limit`` does (the
+    plan and the committer's context); the measures."""
+    pyiceberg_compat.install()
+    usage = PhaseUsage()
+    table = bench_table.load()
+    loaded = usage.elapsed()
+    options = resolve_options(
+        bench_table.identifier,
+        table.metadata.properties,
+        target_file_size=target,
+        allow_small_target=allow_small_target,
+        memory_limit=memory_limit,
+    )
+    result, context = plan_rewrite(table, bench_table.identifier, options.plan)
+    total = usage.elapsed()
+    return {
+        "seconds": round(total, 3),
+        "load_table_seconds": round(loaded, 3),
+        "plan_seconds": round(total - loaded, 3),
+        **usage.resources(),
+        "manifests": len(context.start_manifests),
+        "manifests_read": len(context.manifest_live_entries),
+        "data_files_scanned": result.data_files_scanned,
+        "max_candidate_files": options.plan.max_candidate_files,
+        "deferred_files": result.deferred_files,
+        "files_planned": result.input_files,
+        "bytes_planned": result.input_bytes,
+        "groups": len(result.groups),
+    }
+
+
+def scan_phase(bench_table: BenchTable) -> dict[str, Any]:
+    """Load ``bench_table``, then plan a full scan with pyiceberg; the measures."""
+    pyiceberg_compat.install()
+    usage = PhaseUsage()
+    table = bench_table.load()
+    loaded = usage.elapsed()
+    tasks = list(table.scan().plan_files())
+    total = usage.elapsed()
+    return {
+        "load_table_seconds": round(loaded, 3),
+        "plan_files_seconds": round(total - loaded, 3),
+        **usage.resources(),
+        "manifests": manifest_stats(table).total,
+        "files": len(tasks),
+    }
+
+
+def manifests_phase(bench_table: BenchTable) -> dict[str, Any]:
+    """Load ``bench_table``, then rewrite its manifests; the measures and the result."""
+    pyiceberg_compat.install()
+    usage = PhaseUsage()
+    table = bench_table.load()
+    loaded = usage.elapsed()
+    result = rewrite_manifests(table)
+    total = usage.elapsed()
+    document = result.to_dict()
+    return {
+        "seconds": round(total - loaded, 3),
+        **usage.resources(),
+        **{
+            key: document[key]
+            for key in (
+                "manifests_before",
+                "manifests_after",
+                "entries",
+                "manifests_replaced",
+                "manifests_written",
+                "bytes_replaced",
+                "bytes_written",
+                "snapshot_id",
             )
         },
     }

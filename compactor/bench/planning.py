@@ -52,7 +52,7 @@ from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.schema import Schema
 from pyiceberg.typedef import Record
 
-from compactor.bench.phases import PhaseUsage, in_fresh_process
+from compactor.bench.phases import BenchTable, in_fresh_process, plan_phase
 from compactor.bench.progress import Steps
 from compactor.bench.tpcds import (
     GENERATOR_FILE,
@@ -61,7 +61,7 @@ from compactor.bench.tpcds import (
     generate,
     split_evenly,
 )
-from compactor.bench.warehouse import Warehouse
+from compactor.bench.warehouse import CATALOG_NAME, Warehouse
 from compactor.errors import UsageError
 from compactor.iceberg.duckdb_views import duckdb_path
 from compactor.iceberg.pyiceberg_compat import parquet_writer_kwargs, to_write_batch, write_schema
@@ -336,53 +336,6 @@ def build_table(
 # --- measuring planning (in a fresh process) ---------------------------------------------------
 
 
-def plan_phase(
-    catalog_properties: dict[str, str],
-    target: str,
-    allow_small_target: bool,
-    memory_limit: str | None = None,
-) -> dict[str, Any]:
-    """Load ``tpcds.store_sales`` from the catalog, then plan its compaction as a run under
-    ``memory_limit`` does (the plan and the committer's context); the measures."""
-    from pyiceberg.catalog.sql import SqlCatalog
-
-    from compactor.bench.warehouse import CATALOG_NAME
-    from compactor.iceberg import pyiceberg_compat
-    from compactor.options.compact import resolve_options
-    from compactor.planning.planner import plan_rewrite
-
-    pyiceberg_compat.install()
-
-    usage = PhaseUsage()
-    catalog = SqlCatalog(CATALOG_NAME, **catalog_properties)
-    table = catalog.load_table(f"{NAMESPACE}.{TABLE}")
-    loaded = usage.elapsed()
-    identifier = f"{NAMESPACE}.{TABLE}"
-    options = resolve_options(
-        identifier,
-        table.metadata.properties,
-        target_file_size=target,
-        allow_small_target=allow_small_target,
-        memory_limit=memory_limit,
-    )
-    result, context = plan_rewrite(table, identifier, options.plan)
-    total = usage.elapsed()
-    return {
-        "seconds": round(total, 3),
-        "load_table_seconds": round(loaded, 3),
-        "plan_seconds": round(total - loaded, 3),
-        **usage.resources(),
-        "manifests": len(context.start_manifests),
-        "manifests_read": len(context.manifest_live_entries),
-        "data_files_scanned": result.data_files_scanned,
-        "max_candidate_files": options.plan.max_candidate_files,
-        "deferred_files": result.deferred_files,
-        "files_planned": result.input_files,
-        "bytes_planned": result.input_bytes,
-        "groups": len(result.groups),
-    }
-
-
 def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """The run whose plan time is the median (the lower middle one of an even count)."""
     ordered = sorted(runs, key=lambda r: r["plan_seconds"])
@@ -408,7 +361,7 @@ def run_plan_benchmark(
             runs.append(
                 measure(
                     plan_phase,
-                    warehouse.catalog_properties,
+                    BenchTable(CATALOG_NAME, warehouse.catalog_properties, f"{NAMESPACE}.{TABLE}"),
                     parameters.target_file_size,
                     parameters.allow_small_target,
                     parameters.memory_limit,
