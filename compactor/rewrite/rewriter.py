@@ -259,9 +259,10 @@ def rewrite_files(
     inputs. ``between_files`` runs after each input file read through the Iceberg read path,
     after each batch read in bulk (a batch may hold the rows of several small files, up to 1/16
     of ``read_ahead``), and while sorted rows are merged and written (it raises to stop);
-    ``on_file_created`` gets each output path before its file is created. Checks that every live input row was written: rows read plus rows deleted by
-    position deletes must equal each input file's record count (for files read in bulk,
-    :mod:`compactor.rewrite.bulk_read`, their total). ``label`` names the group in errors;
+    ``on_file_created`` gets each output path before its file is created. Checks that every
+    live input row was written: rows read plus rows deleted by position deletes must equal
+    each input file's record count (for files read in bulk, :mod:`compactor.rewrite.bulk_read`,
+    their total). ``label`` names the group in errors;
     ``bulk_read=False`` reads every file through the Iceberg read path.
     With ``clustering`` the rows are sorted (:mod:`compactor.rewrite.sorting`, in runs of half
     ``read_ahead`` bytes) before they are written. With ``repartition`` the inputs (of other

@@ -185,3 +185,33 @@ def test_partitions_that_cannot_make_a_group_do_not_hold_the_budget(
 
     assert {f.path for f in result.rewritten_files} == big
     assert result.to_dict()["plan"]["deferred_files"] == budget
+
+
+def test_the_run_gives_its_workers_the_memory_its_plan_leaves(
+    catalog: Catalog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tasks of a run get their shares beside the files the plan keeps, not the whole
+    limit: fewer bytes than a plan of no file would leave them."""
+    import compactor.compaction as compaction
+
+    from support.tables import events_table
+
+    table = events_table(catalog, "db.shares", commits=5, rows_per_commit=50, days=1)
+    planned = len(live_data_files(table))
+    given: list[compact.ExecutionOptions] = []
+    plan_tasks = compaction.plan_tasks
+
+    def recorded(plan, run_id, io_properties, execution):  # type: ignore[no-untyped-def]
+        given.append(execution)
+        return plan_tasks(plan, run_id, io_properties, execution)
+
+    monkeypatch.setattr(compaction, "plan_tasks", recorded)
+    options = {**DEFAULT_OPTIONS, "memory_limit": "448MiB", "parallelism": 1}
+    alone = resolve_options("db.shares", table.metadata.properties, **options).execution
+
+    result, _ = run_compaction(catalog, "db.shares", **options)
+
+    assert sum(len(g.files) for g in result.plan.groups) == planned
+    assert [e.read_ahead for e in given] == [alone.beside_plan(planned).read_ahead]
+    assert given[0].read_ahead < alone.read_ahead
+    assert given[0].row_group_size == given[0].read_ahead
