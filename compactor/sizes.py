@@ -81,8 +81,8 @@ def format_size(num_bytes: float) -> str:
 PROC_STATUS = Path("/proc/self/status")
 
 
-def proc_status_bytes(name: str) -> int:
-    """``VmRSS`` or ``VmHWM`` of this process; elsewhere than Linux, the lifetime peak RSS.
+def proc_status_bytes(name: str) -> int | None:
+    """``VmRSS`` or ``VmHWM`` of this process, where the kernel tells it (Linux); else None.
 
     ``VmHWM`` is the peak of this program's own memory: unlike ``ru_maxrss``, it does not count
     the memory of the process it was forked from before ``exec``.
@@ -91,12 +91,13 @@ def proc_status_bytes(name: str) -> int:
         for line in PROC_STATUS.read_text().splitlines():
             if line.startswith(f"{name}:"):
                 return int(line.split()[1]) * 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return None
 
 
 def peak_rss_bytes() -> int:
-    """The peak resident memory of this process so far."""
-    return proc_status_bytes("VmHWM")
+    """The peak resident memory of this process so far (elsewhere than Linux, its lifetime's)."""
+    peak = proc_status_bytes("VmHWM")
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 if peak is None else peak
 
 
 def count(number: int, noun: str, plural: str | None = None) -> str:

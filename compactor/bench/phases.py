@@ -37,7 +37,7 @@ from compactor.planning.planner import plan_rewrite
 from compactor.planning.tasks import RewriteTask
 from compactor.rewrite import phase_times
 from compactor.rewrite.task_runner import CancelToken
-from compactor.sizes import proc_status_bytes
+from compactor.sizes import peak_rss_bytes, proc_status_bytes
 
 MB = 10**6
 # A file is closed once it is this close to the target (as compactor's writer does).
@@ -66,7 +66,7 @@ class PhaseUsage:
     def __init__(self) -> None:
         with contextlib.suppress(OSError):
             Path("/proc/self/clear_refs").write_text("5")
-        self.baseline_rss = proc_status_bytes("VmRSS")
+        self.baseline_rss = proc_status_bytes("VmRSS") or peak_rss_bytes()
         self._cpu = _cpu_seconds()
         # time.monotonic() is one clock for every process of the machine (CLOCK_MONOTONIC on
         # Linux): the 2-process floor's wall time is the span of its halves' start and end.
@@ -85,7 +85,7 @@ class PhaseUsage:
         """CPU seconds since the phase began, peak RSS during it and RSS when it began."""
         return {
             "cpu_seconds": round(_cpu_seconds() - self._cpu, 3),
-            "peak_rss_bytes": proc_status_bytes("VmHWM"),
+            "peak_rss_bytes": peak_rss_bytes(),
             "baseline_rss_bytes": self.baseline_rss,
         }
 

@@ -32,7 +32,7 @@ from compactor.options.compact import ExecutionOptions
 from compactor.planning.planner import Plan, TaskInput
 from compactor.planning.sort_order import Clustering
 
-JSON_VERSION = 4
+JSON_VERSION = 5
 
 
 def _types_to_json(types: PartitionTypes) -> dict[str, list[str]]:
@@ -71,6 +71,8 @@ class RewriteTask:
     target_file_size: int
     row_group_size: int
     read_ahead: int
+    # The memory limit of the process the task runs in (see compactor.rewrite.freed_memory).
+    memory_limit: int
     file_prefix: str
     inputs: tuple[TaskInput, ...]
     # The data sequence number of each equality delete of the inputs, by path.
@@ -109,6 +111,7 @@ class RewriteTask:
                 "target_file_size": self.target_file_size,
                 "row_group_size": self.row_group_size,
                 "read_ahead": self.read_ahead,
+                "memory_limit": self.memory_limit,
                 "file_prefix": self.file_prefix,
                 "delete_files": [encode_data_file(d, types) for d in self.delete_files],
                 "equality_delete_sequence_numbers": dict(
@@ -157,6 +160,7 @@ class RewriteTask:
             target_file_size=data["target_file_size"],
             row_group_size=data["row_group_size"],
             read_ahead=data["read_ahead"],
+            memory_limit=data["memory_limit"],
             file_prefix=data["file_prefix"],
             inputs=inputs,
             equality_delete_sequence_numbers=data["equality_delete_sequence_numbers"],
@@ -245,6 +249,7 @@ def plan_tasks(
                 target_file_size=group.target_file_size,
                 row_group_size=execution.row_group_size,
                 read_ahead=execution.read_ahead,
+                memory_limit=execution.memory_limit,
                 file_prefix=f"compactor-{run_id}-g{group.group_id:04d}",
                 inputs=inputs,
                 equality_delete_sequence_numbers={

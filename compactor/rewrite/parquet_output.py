@@ -38,6 +38,7 @@ from compactor.options.defaults import DEFAULT_ROW_GROUP_SIZE
 from compactor.planning.planner import is_unpartitioned
 from compactor.planning.sort_order import SortField
 from compactor.rewrite.bulk_read import FIELD_ID
+from compactor.rewrite.freed_memory import hand_back_near
 from compactor.rewrite.phase_times import phase
 
 # A file is closed once it is this close to the target; the next row group is sized to fill it.
@@ -70,6 +71,8 @@ class OutputSpec:
     row_group_size: int
     file_prefix: str
     sort_order_id: int | None = None  # the table sort order the rows are written in
+    # The memory limit of the process writing: freed pages are handed back past a share of it.
+    memory_limit: int | None = None
 
 
 def output_file_name(prefix: str, counter: int, suffix: str = "") -> str:
@@ -221,10 +224,12 @@ class RollingParquetWriter:
             self._dictionary = dictionary_columns(table, self._leaf_paths)
             self._open_file()
         assert self._file is not None
-        before = self._written()
-        self._file.writer.write_table(table, row_group_size=max(table.num_rows, 1))
+        before, rows = self._written(), table.num_rows
+        self._file.writer.write_table(table, row_group_size=max(rows, 1))
+        del table  # its rows are written: their pages are free to hand back
+        hand_back_near(self.out.memory_limit)
         self._file.raw_bytes += raw
-        self.records_written += table.num_rows
+        self.records_written += rows
         written = self._written()
         if written > before and raw > 0:
             self._ratio = max(written, 1) / max(self._file.raw_bytes, 1)

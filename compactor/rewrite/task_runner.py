@@ -10,14 +10,12 @@ tasks whose results it does not commit.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
-import pyarrow as pa
 from pyiceberg.io import FileIO, load_file_io
 from pyiceberg.serializers import FromInputFile
 from pyiceberg.table.locations import load_location_provider
@@ -27,6 +25,7 @@ from compactor.errors import CompactorError, first_line
 from compactor.iceberg import pyiceberg_compat
 from compactor.planning.planner import partition_path
 from compactor.planning.tasks import RewriteTask, TaskResult
+from compactor.rewrite.freed_memory import handed_back_after
 from compactor.rewrite.intent import IntentLog
 from compactor.rewrite.parquet_output import OutputSpec
 from compactor.rewrite.phase_times import PhaseTimes, recording
@@ -78,17 +77,6 @@ def _label(task: RewriteTask, metadata: TableMetadata) -> str:
     return f"group {task.task_id} ({path or 'unpartitioned'})"
 
 
-@contextlib.contextmanager
-def _released() -> Iterator[None]:
-    """A block after which pyarrow's allocator hands back the pages it freed: it keeps them
-    until it next allocates, so that the commit, which allocates little through it, would run
-    on top of the rewrite's high-water mark."""
-    try:
-        yield
-    finally:
-        pa.default_memory_pool().release_unused()
-
-
 def run_task(
     task: RewriteTask,
     cancel: CancelToken | None = None,
@@ -124,12 +112,13 @@ def run_task(
         partition=task.partition,
         target_file_size=task.target_file_size,
         row_group_size=task.row_group_size,
+        memory_limit=task.memory_limit,
         file_prefix=task.file_prefix,
         sort_order_id=task.clustering.sort_order_id if task.clustering else None,
     )
     intent = IntentLog(io, metadata.location, task.run_id, task.task_id)
     times = PhaseTimes.if_enabled()
-    with recording(times), _released():
+    with recording(times), handed_back_after():
         rewritten = rewrite_files(
             task.inputs,
             out,

@@ -268,6 +268,28 @@ def test_the_memory_limit_caps_a_row_groups_rows_before_the_tables_row_group_siz
         assert written < (8 << 20) / 2, groups
 
 
+@pytest.mark.filterwarnings("ignore:Parquet writer option:UserWarning")
+def test_each_row_group_written_offers_the_processs_limit_to_hand_freed_pages_back(
+    catalog: Catalog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After each row group it writes, a worker asks for the pages pyarrow freed to be handed
+    back should its process be near the limit (compactor.rewrite.freed_memory): with the
+    run's limit, once per row group."""
+    from compactor.rewrite import parquet_output
+
+    asked: list[int | None] = []
+    monkeypatch.setattr(parquet_output, "hand_back_near", asked.append)
+    _compressible_appends(catalog, {"write.parquet.row-group-size-bytes": str(8 << 20)}, 6)
+
+    result, _ = run_compaction(
+        catalog, "db.t", target_file_size="64MiB", memory_limit="304MiB", parallelism=1
+    )
+
+    ((data_file,),) = [g.data_files for g in result.committed]
+    assert len(_row_groups(data_file)) >= 2
+    assert asked == [parse_size("304MiB")] * len(_row_groups(data_file))
+
+
 # --- output size -------------------------------------------------------------------------------
 
 EVENTS = Schema(

@@ -216,6 +216,7 @@ def test_a_task_installs_the_fixes_in_whatever_process_runs_it(
         target_file_size=1 << 20,
         row_group_size=1 << 20,
         read_ahead=1 << 20,
+        memory_limit=1 << 28,
         file_prefix="run-0",
         inputs=(),
     )

@@ -18,7 +18,7 @@ import pytest
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 
-from compactor.bench.sample import REGIONS, create_events_table
+from compactor.bench.sample import REGIONS
 from compactor.compaction import last_unreadable_files
 from compactor.daemon.history import SCHEMA, History
 from compactor.errors import DataFileError, UnreadableFileError, file_error
@@ -30,7 +30,13 @@ from compactor.rewrite.task_runner import run_task
 
 from support.rows import assert_same_rows, scan_rows
 from support.runs import DEFAULT_OPTIONS, EVERY_READ_PATH, run_compaction
-from support.tables import live_data_files, local_path, records_by_partition, unreferenced_files
+from support.tables import (
+    events_table,
+    live_data_files,
+    local_path,
+    records_by_partition,
+    unreferenced_files,
+)
 
 if TYPE_CHECKING:
     from support.s3_server import S3Bucket
@@ -63,11 +69,12 @@ def break_one_file_each(table: Table) -> tuple[str, str]:
 @pytest.fixture
 def broken(catalog: Catalog) -> tuple[Table, str, str]:
     """The events table (one day, four regions, three files each) with two bad files."""
-    table = create_events_table(catalog, TABLE, commits=3, rows_per_commit=400, days=1)
+    table = events_table(catalog, TABLE, commits=3, rows_per_commit=400, days=1)
     truncated, deleted = break_one_file_each(table)
     return catalog.load_table(TABLE), truncated, deleted
 
 
+@pytest.mark.usefixtures("file_kind")
 @pytest.mark.parametrize("read_path", EVERY_READ_PATH, indirect=True)
 def test_a_group_with_an_unreadable_file_is_compacted_around_it(
     catalog: Catalog, broken: tuple[Table, str, str], read_path: str
@@ -100,11 +107,11 @@ def test_a_group_with_an_unreadable_file_is_compacted_around_it(
     assert unreferenced_files(after) == []
 
 
-@pytest.mark.usefixtures("read_path")
+@pytest.mark.usefixtures("read_path", "file_kind")
 @pytest.mark.parametrize("read_path", EVERY_READ_PATH, indirect=True)
 def test_a_missing_or_truncated_object_in_s3_is_compacted_around(s3: S3Bucket) -> None:
     catalog = s3.catalog()
-    table = create_events_table(catalog, TABLE, commits=3, rows_per_commit=100, days=1)
+    table = events_table(catalog, TABLE, commits=3, rows_per_commit=100, days=1)
     truncated, deleted = sorted(files_in(table, TRUNCATED))[0], sorted(files_in(table, DELETED))[0]
     body = s3.client.get_object(Bucket=s3.bucket, Key=s3.key(truncated))["Body"].read()
     s3.client.put_object(Bucket=s3.bucket, Key=s3.key(truncated), Body=body[: len(body) // 2])
@@ -175,11 +182,12 @@ def damage_a_page(path: Path, column: str) -> None:
     path.write_bytes(bytes(data))
 
 
+@pytest.mark.usefixtures("file_kind")
 @pytest.mark.parametrize("read_path", EVERY_READ_PATH, indirect=True)
 def test_a_damaged_page_under_a_valid_footer_is_compacted_around(
     catalog: Catalog, read_path: str
 ) -> None:
-    table = create_events_table(catalog, TABLE, commits=3, rows_per_commit=400, days=1)
+    table = events_table(catalog, TABLE, commits=3, rows_per_commit=400, days=1)
     damaged = sorted(files_in(table, TRUNCATED))[1]
     damage_a_page(local_path(damaged), "payload")
     healthy = [r for r in REGIONS if r != TRUNCATED]
