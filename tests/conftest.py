@@ -1,7 +1,9 @@
-"""Fixtures of more than one folder of the suite: a SQLite catalog, the Java reader."""
+"""Fixtures of more than one folder of the suite: a SQLite catalog, the Java reader, both kinds
+of data file."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -88,3 +90,23 @@ def java_reader() -> JavaReader:
     from support.java_reader import ensure_reader
 
     return ensure_reader()
+
+
+@pytest.fixture(params=["field_ids", "imported"])
+def file_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Build the test's tables from files with Iceberg field ids (pyiceberg's append), then from
+    files without them, as a migration imports them (``add_files``): read through the table's
+    name mapping.
+
+    Row tests that must hold on both kinds of file use it (``pytest.mark.usefixtures``, or
+    parametrized ``indirect`` to pair the imported kind with some of their cases only) and
+    append their rows with :func:`support.tables.append_rows`; an imported variant fails unless
+    it imported files.
+    """
+    from support import tables
+
+    appends = tables.Appends(kind=request.param)
+    monkeypatch.setattr(tables, "APPENDS", appends)
+    yield str(request.param)
+    if request.param == tables.IMPORTED:
+        assert appends.imported, "no file was imported: the variant tested files with field ids"

@@ -230,8 +230,20 @@ FILTERS: dict[str, tuple[str, Callable[[dict[str, Any]], bool]]] = {
 
 
 @pytest.fixture(scope="module")
-def compacted_types(tmp_path_factory: pytest.TempPathFactory) -> tuple[SqlCatalog, int]:
-    """The types table, compacted once; returns the catalog and the pre-compaction snapshot."""
+def compacted_by_read_path() -> dict[str, tuple[SqlCatalog, int]]:
+    """The types table compacted on each read path, once for all the module's filters."""
+    return {}
+
+
+@pytest.fixture
+def compacted_types(
+    read_path: str,
+    compacted_by_read_path: dict[str, tuple[SqlCatalog, int]],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[SqlCatalog, int]:
+    """The types table compacted on the test's read path; the catalog and the snapshot before."""
+    if read_path in compacted_by_read_path:
+        return compacted_by_read_path[read_path]
     root: Path = tmp_path_factory.mktemp("types")
     catalog = SqlCatalog(
         "default", uri=f"sqlite:///{root}/catalog.db", warehouse=(root / "wh").as_uri()
@@ -246,6 +258,8 @@ def compacted_types(tmp_path_factory: pytest.TempPathFactory) -> tuple[SqlCatalo
     )
     assert result.to_dict()["snapshot_id"] == table.metadata.current_snapshot_id
     assert result.to_dict()["added_files"] > 1
+    assert (result.to_dict()["bulk_read_files"] > 0) == (read_path != "iceberg")
+    compacted_by_read_path[read_path] = catalog, before_id
     return catalog, before_id
 
 

@@ -46,7 +46,7 @@ from pyiceberg.types import (
     UUIDType,
 )
 
-from compactor.bench.sample import EVENTS_SCHEMA, create_events_table, events_batch
+from compactor.bench.sample import EVENTS_SCHEMA, events_batch
 from compactor.commit import snapshot_writer
 
 from support.deletes import (
@@ -66,11 +66,11 @@ from support.java_reader import (
 from support.java_writer import read_expected, write_cdc_table
 from support.rows import scan_rows
 from support.runs import compact_and_verify, run_compaction
-from support.tables import live_data_files, local_path, read_data_file
+from support.tables import events_table, live_data_files, local_path, read_data_file
 
 
 def _events(catalog: Catalog, *, format_version: str = "2", commits: int = 4) -> Table:
-    return create_events_table(
+    return events_table(
         catalog,
         "db.ev",
         commits=commits,
@@ -94,6 +94,7 @@ def _without_ids(data: pa.Table, ids: set[int]) -> pa.Table:
 # --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("file_kind")
 @pytest.mark.parametrize("format_version", ["1", "2"])
 def test_java_reads_every_snapshot_through_compaction(
     catalog: Catalog, java_reader: JavaReader, format_version: str
@@ -127,6 +128,7 @@ def test_java_reads_every_snapshot_through_compaction(
     assert replaced > 0  # the rewritten files, as DELETED entries of the replace snapshot
 
 
+@pytest.mark.usefixtures("file_kind")
 def test_java_applies_position_and_equality_deletes(
     catalog: Catalog, java_reader: JavaReader
 ) -> None:

@@ -36,7 +36,6 @@ pytest.importorskip("ray")
 from pyiceberg.catalog import Catalog  # noqa: E402
 from pyiceberg.table import Table  # noqa: E402
 
-from compactor.bench.sample import create_events_table  # noqa: E402
 from compactor.errors import CompactorError, UsageError  # noqa: E402
 from compactor.execute import ray_executor  # noqa: E402
 from compactor.execute.ray_executor import (  # noqa: E402
@@ -58,7 +57,7 @@ from support.ray_cluster import free_port, processes_mentioning  # noqa: E402
 from support.ray_cluster import ray_cluster as start_cluster  # noqa: E402
 from support.rows import assert_same_rows, scan_rows  # noqa: E402
 from support.s3_tables import referenced_keys  # noqa: E402
-from support.tables import live_data_files, live_entries  # noqa: E402
+from support.tables import events_table, live_data_files, live_entries  # noqa: E402
 
 if TYPE_CHECKING:
     from support.ray_cluster import RayCluster
@@ -187,7 +186,7 @@ def make_table(
 ) -> tuple[Catalog, Table]:
     """``identifier`` with GROUPS partitions of ``commits`` small files each."""
     catalog = s3.catalog(catalog_properties(s3))
-    table = create_events_table(
+    table = events_table(
         catalog, identifier, commits=commits, rows_per_commit=ROWS_PER_COMMIT, days=DAYS
     )
     assert len(live_data_files(table)) == commits * GROUPS
@@ -311,6 +310,7 @@ def poll_until(what: str, condition: Callable[[], bool]) -> None:
 # --- (a) the same rows as the thread executor, on both nodes -----------------------------------
 
 
+@pytest.mark.usefixtures("file_kind")
 def test_ray_run_matches_threads_and_uses_both_nodes(
     s3: S3Bucket, gate: S3Gate, cluster: RayCluster
 ) -> None:
