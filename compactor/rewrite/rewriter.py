@@ -190,8 +190,10 @@ def _read_each(
     result: Rewritten,
     between_files: Callable[[], None],
     on_read: Callable[[int, int], None],
+    label: str,
 ) -> None:
-    """Write the live rows of ``files`` read through the Iceberg read path, checking counts."""
+    """Write the live rows of ``files`` read through the Iceberg read path, checking counts
+    (``label`` names the group in errors)."""
     for f, batches in reader.batches(files):
         rows = 0
         for batch in batches:
@@ -202,7 +204,7 @@ def _read_each(
         deleted += reader.equality_deleted.get(f.path, 0)
         if rows + deleted != f.data_file.record_count:
             raise DataFileError(
-                f"data file {f.path}: read {rows} live rows + {deleted} deleted, "
+                f"{label}: data file {f.path}: read {rows} live rows + {deleted} deleted, "
                 f"but the manifest records {f.data_file.record_count}"
             )
         result.records_read += rows
@@ -333,7 +335,7 @@ def rewrite_files(
                 bulk_rows = 0
                 read(len(item.files), sum(f.size for f in item.files))
             else:
-                _read_each(reader, item.files, positions, sink, result, between_files, read)
+                _read_each(reader, item.files, positions, sink, result, between_files, read, label)
         with phase("write"):
             result.data_files = sink.close()
         if writer.records_written != result.records_read:

@@ -41,6 +41,9 @@ from support.java_writer import read_expected, write_cdc_table
 from support.runs import planned_tasks, run_compaction
 from support.tables import live_data_files, live_delete_files
 
+# Every test here holds on both read paths (compactor.rewrite.bulk_read and Iceberg's).
+pytestmark = pytest.mark.usefixtures("read_path")
+
 # scenario -> partitions of its current data (one output file each)
 COMPACTED = {"upsert": 4, "merge-on-read": 3, "void-spec": 5, "schema-change": 1}
 

@@ -33,6 +33,9 @@ from support.tables import (
     snapshot_entries,
 )
 
+# Every test here holds on both read paths (compactor.rewrite.bulk_read and Iceberg's).
+pytestmark = pytest.mark.usefixtures("read_path")
+
 
 def _events(catalog: Catalog, commits: int = 4) -> Table:
     return events_table(

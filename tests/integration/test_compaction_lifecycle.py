@@ -21,6 +21,9 @@ from support.tables import (
     unreferenced_files,
 )
 
+# Every test here holds on both read paths (compactor.rewrite.bulk_read and Iceberg's).
+pytestmark = pytest.mark.usefixtures("read_path")
+
 
 def _events(catalog: Catalog, *, format_version: str = "2", commits: int = 5) -> Table:
     return events_table(

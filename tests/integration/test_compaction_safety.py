@@ -64,6 +64,9 @@ from support.tables import (
     unreferenced_files,
 )
 
+# Every test here holds on both read paths (compactor.rewrite.bulk_read and Iceberg's).
+pytestmark = pytest.mark.usefixtures("read_path")
+
 SCHEMA = Schema(
     NestedField(1, "id", LongType(), required=False),
     NestedField(2, "category", StringType(), required=False),

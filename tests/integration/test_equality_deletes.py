@@ -14,6 +14,7 @@ import datetime as dt
 import math
 
 import pyarrow as pa
+import pytest
 from pyiceberg.catalog import Catalog
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
@@ -26,6 +27,9 @@ from support.deletes import commit_delete_files, write_equality_delete_file
 from support.java_reader import assert_java_reads_same, java_read
 from support.runs import run_compaction
 from support.tables import live_data_files, live_delete_files
+
+# Every test here holds on both read paths (compactor.rewrite.bulk_read and Iceberg's).
+pytestmark = pytest.mark.usefixtures("read_path")
 
 DAYS = (dt.date(2026, 1, 1), dt.date(2026, 1, 2))
 EPOCH = dt.date(1970, 1, 1)

@@ -23,7 +23,7 @@ from support.tables import append_rows, list_files, local_path
 
 SCHEMA = Schema(NestedField(1, "id", LongType()), NestedField(2, "fx", FixedType(4)))
 
-pytestmark = pytest.mark.usefixtures("file_kind")
+pytestmark = pytest.mark.usefixtures("read_path", "file_kind")
 
 
 def _table(catalog: Catalog, spec: PartitionSpec) -> None:

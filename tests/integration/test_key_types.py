@@ -44,6 +44,9 @@ from support.tables import (
     read_data_file,
 )
 
+# Every test here holds on both read paths (compactor.rewrite.bulk_read and Iceberg's).
+pytestmark = pytest.mark.usefixtures("read_path")
+
 TABLE = "db.keys"
 # An odd 128-bit multiplier: the uuids it spreads have either half's top bit set or not, where
 # Java's order of uuids (two signed longs) and the order of their bytes disagree.

@@ -36,6 +36,9 @@ from support.tables import (
     unmapped_snapshots,
 )
 
+# Every test here holds on both read paths (compactor.rewrite.bulk_read and Iceberg's).
+pytestmark = pytest.mark.usefixtures("read_path")
+
 TABLE = "db.events"
 
 

@@ -30,6 +30,9 @@ from support.tables import (
     unmapped_snapshots,
 )
 
+# Every test here holds on both read paths (compactor.rewrite.bulk_read and Iceberg's).
+pytestmark = pytest.mark.usefixtures("read_path")
+
 SCHEMA = Schema(
     NestedField(1, "id", LongType(), required=True),
     NestedField(2, "region", StringType(), required=True),
